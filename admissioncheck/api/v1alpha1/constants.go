@@ -1,0 +1,62 @@
+package v1alpha1
+
+// Names that users, other controllers and tests rely on. Changing any of them
+// is a breaking change.
+const (
+	GroupName = "gpupack.io"
+
+	// ControllerName is the AdmissionCheck controllerName gpupack answers to.
+	ControllerName = "gpupack.io/gang-fit"
+
+	// Request annotations (pod template, replica template or job level).
+	AnnotationGPUMemory = "gpupack.io/gpu-memory" // per-GPU memory, quantity; plain integer = MiB
+	AnnotationGPUCores  = "gpupack.io/gpu-cores"  // SM percent per GPU, 1–100
+	// HAMi's names, accepted as input.
+	AnnotationHAMiGPUMem           = "nvidia.com/gpumem"
+	AnnotationHAMiGPUMemPercentage = "nvidia.com/gpumem-percentage"
+	AnnotationHAMiGPUCores         = "nvidia.com/gpucores"
+
+	// AnnotationGangTopology overrides the topology level (a node label key)
+	// the whole gang must fit in.
+	AnnotationGangTopology = "gpupack.io/gang-topology"
+
+	// Checkpoint protocol.
+	AnnotationCheckpoint               = "gpupack.io/checkpoint" // "true" opts a job in
+	AnnotationCheckpointSignal         = "gpupack.io/checkpoint-signal"
+	AnnotationCheckpointTimeout        = "gpupack.io/checkpoint-timeout"
+	AnnotationCheckpointRequest        = "gpupack.io/checkpoint-request"
+	AnnotationCheckpointStep           = "gpupack.io/checkpoint-step"
+	AnnotationLastConsistentCheckpoint = "gpupack.io/last-consistent-checkpoint"
+	AnnotationPreemptionPhase          = "gpupack.io/preemption"
+
+	// Placement.
+	AnnotationPlan          = "gpupack.io/plan"    // names the GPUPlan (set through podSetUpdates)
+	AnnotationDevices       = "gpupack.io/devices" // "<uuid>:<MiB>[,…]" on a pinned pod
+	SchedulingGatePlacement = "gpupack.io/placement"
+
+	// Node inventory.
+	AnnotationGPUs             = "gpupack.io/gpus" // JSON array of GPUInfo
+	AnnotationHAMiNodeRegister = "hami.io/node-nvidia-register"
+	LabelNVLinkDomain          = "gpupack.io/nvlink-domain"
+
+	// Resources.
+	ResourceNvidiaGPU = "nvidia.com/gpu"
+	ResourceVGPU      = "gpupack.io/vgpu"
+	ResourceGPUMemory = "gpupack.io/gpu-memory" // MiB
+	ResourceGPUCores  = "gpupack.io/gpu-cores"  // percent
+
+	// Hook environment (HAMi-core compatible). The webhook owns these keys.
+	EnvLDPreload          = "LD_PRELOAD"
+	EnvMemoryLimit        = "CUDA_DEVICE_MEMORY_LIMIT" // also _<i>
+	EnvSMLimit            = "CUDA_DEVICE_SM_LIMIT"     // also _<i>
+	EnvSharedCache        = "CUDA_DEVICE_MEMORY_SHARED_CACHE"
+	EnvDisableControl     = "CUDA_DISABLE_CONTROL"
+	EnvVisibleDevices     = "NVIDIA_VISIBLE_DEVICES"
+	EnvLogLevel           = "LIBCUDA_LOG_LEVEL"
+	EnvResumeStep         = "GPUPACK_RESUME_STEP"
+	GPUHealthy            = "Healthy"
+	GPUUnhealthy          = "Unhealthy"
+	HookLibraryName       = "libgpupack-hook.so"
+	DefaultHookHostPath   = "/usr/local/gpupack"
+	DefaultSharedCacheDir = "/var/lib/gpupack/cache"
+)

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Regenerates deepcopy functions and CRDs from gpupack's Go types.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+CG=$ROOT/_output/tools/controller-gen
+if [[ ! -x $CG ]]; then
+	(cd "$ROOT/hack/tools/controller-gen" && go build -o "$CG" sigs.k8s.io/controller-tools/cmd/controller-gen)
+fi
+cd "$ROOT"
+"$CG" object paths=./admissioncheck/api/...
+"$CG" crd paths=./admissioncheck/api/... output:crd:artifacts:config=manifests/base/crds
