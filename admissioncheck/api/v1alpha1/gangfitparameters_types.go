@@ -12,7 +12,7 @@ const (
 )
 
 // GangFitParametersSpec configures the gpupack.io/gang-fit admission check.
-// +kubebuilder:validation:XValidation:rule="!has(self.requiredLevel) || self.requiredLevel == '' || !has(self.topologyLevels) || size(self.topologyLevels) == 0 || self.requiredLevel in self.topologyLevels || self.requiredLevel == 'kubernetes.io/hostname'",message="requiredLevel must be one of topologyLevels (or kubernetes.io/hostname)"
+// +kubebuilder:validation:XValidation:rule="!has(self.requiredLevel) || self.requiredLevel == ” || !has(self.topologyLevels) || size(self.topologyLevels) == 0 || self.requiredLevel in self.topologyLevels || self.requiredLevel == 'kubernetes.io/hostname'",message="requiredLevel must be one of topologyLevels (or kubernetes.io/hostname)"
 type GangFitParametersSpec struct {
 	// TopologyLevels are node label keys ordered from the broadest domain to
 	// the narrowest (e.g. spine, leaf, gpupack.io/nvlink-domain).

@@ -53,12 +53,12 @@ func TestParseGPUs(t *testing.T) {
 		t.Fatalf("ParseGPUs(good) = %+v, %v", gpus, err)
 	}
 	for in, want := range map[string]string{
-		`{}`:                                          "not a JSON array",
-		`[{"uuid":"","memoryMiB":1}]`:                 "no uuid",
-		`[{"uuid":"a","memoryMiB":0}]`:                "memoryMiB 0",
+		`{}`:                           "not a JSON array",
+		`[{"uuid":"","memoryMiB":1}]`:  "no uuid",
+		`[{"uuid":"a","memoryMiB":0}]`: "memoryMiB 0",
 		`[{"uuid":"a","memoryMiB":1},{"uuid":"a","memoryMiB":1}]`: "duplicate",
-		`[{"uuid":"a","memoryMiB":1,"health":"Sick"}]`: "health",
-		`[{"uuid":"a","memoryMiB":1,"colour":"red"}]`:  "unknown field",
+		`[{"uuid":"a","memoryMiB":1,"health":"Sick"}]`:            "health",
+		`[{"uuid":"a","memoryMiB":1,"colour":"red"}]`:             "unknown field",
 		`[] []`: "trailing",
 	} {
 		if _, err := ParseGPUs(in); err == nil || !strings.Contains(err.Error(), want) {
