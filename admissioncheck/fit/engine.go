@@ -1,0 +1,891 @@
+package fit
+
+import (
+	"cmp"
+	"fmt"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
+)
+
+// seg names the pods of one original pod set inside a merged request.
+type seg struct {
+	name  string
+	order int // position in Gang.PodSets
+	count int
+}
+
+// req is a compiled pod set: identical pod sets of a gang are merged, since
+// their pods are interchangeable (a PyTorchJob's master and workers usually
+// are), which turns many gangs into one kind of pod that is decided exactly
+// without search.
+type req struct {
+	segs   []seg
+	count  int
+	g      int
+	mem    int64
+	pct    int32
+	cores  int32 // SM percent per GPU; 100 when exclusive
+	excl   bool
+	sel    map[string]string
+	tol    []corev1.Toleration
+	label  string
+	bitIdx uint
+}
+
+func (r *req) need(phys int64) int64 {
+	if r.mem > 0 {
+		return r.mem
+	}
+	return max(1, phys*int64(r.pct)/100)
+}
+
+// slots is how many pods of r one GPU can still serve (each pod uses a GPU
+// at most once).
+func (r *req) slots(g *gpuState) int64 {
+	if r.excl {
+		if g.whole() {
+			return 1
+		}
+		return 0
+	}
+	if g.excl > 0 {
+		return 0
+	}
+	s := g.free() / r.need(g.phys)
+	if r.cores > 0 {
+		s = min(s, int64(g.freeCores()/r.cores))
+	}
+	return s
+}
+
+func (r *req) apply(g *gpuState, sign int) Usage {
+	u := Usage{MemoryMiB: r.need(g.phys), Cores: r.cores}
+	if r.excl {
+		u = Usage{MemoryMiB: g.alloc, Cores: 100, Exclusive: true}
+	}
+	if sign > 0 {
+		g.used += u.MemoryMiB
+		g.cores += u.Cores
+		g.holders++
+		if u.Exclusive {
+			g.excl++
+		}
+	} else {
+		g.used -= u.MemoryMiB
+		g.cores -= u.Cores
+		g.holders--
+		if u.Exclusive {
+			g.excl--
+		}
+	}
+	return u
+}
+
+func (r *req) describeMem() string {
+	if r.mem > 0 {
+		return fmt.Sprintf("%d MiB", r.mem)
+	}
+	return fmt.Sprintf("%d%% of memory", r.pct)
+}
+
+// validate checks a gang before any work; the error says what to fix.
+func validate(g Gang) error {
+	seen := map[string]bool{}
+	for _, ps := range g.PodSets {
+		switch {
+		case ps.Name == "":
+			return fmt.Errorf("a pod set has no name")
+		case seen[ps.Name]:
+			return fmt.Errorf("pod set %q appears twice", ps.Name)
+		case ps.Count < 0:
+			return fmt.Errorf("pod set %q: count %d < 0", ps.Name, ps.Count)
+		case ps.GPUsPerPod < 1:
+			return fmt.Errorf("pod set %q: %d GPUs per pod, want ≥ 1", ps.Name, ps.GPUsPerPod)
+		case ps.MemoryMiB < 0:
+			return fmt.Errorf("pod set %q: memory %d MiB < 0", ps.Name, ps.MemoryMiB)
+		case ps.MemoryPercent < 0 || ps.MemoryPercent > 100:
+			return fmt.Errorf("pod set %q: memory percentage %d not in 0–100", ps.Name, ps.MemoryPercent)
+		case ps.MemoryMiB > 0 && ps.MemoryPercent > 0:
+			return fmt.Errorf("pod set %q: both memory MiB and memory percentage set", ps.Name)
+		case ps.Cores < 0 || ps.Cores > 100:
+			return fmt.Errorf("pod set %q: cores %d%% not in 0–100", ps.Name, ps.Cores)
+		}
+		seen[ps.Name] = true
+	}
+	return nil
+}
+
+func compile(g Gang) []*req {
+	var reqs []*req
+	for i, ps := range g.PodSets {
+		if ps.Count == 0 {
+			continue
+		}
+		r := &req{count: ps.Count, g: ps.GPUsPerPod, mem: ps.MemoryMiB, pct: ps.MemoryPercent,
+			cores: ps.Cores, excl: ps.Exclusive(), sel: ps.NodeSelector, tol: ps.Tolerations}
+		if r.excl {
+			r.cores = 100
+		}
+		merged := false
+		for _, o := range reqs {
+			if o.g == r.g && o.mem == r.mem && o.pct == r.pct && o.cores == r.cores && o.excl == r.excl &&
+				equalSel(o.sel, r.sel) && reflect.DeepEqual(o.tol, r.tol) {
+				o.segs = append(o.segs, seg{ps.Name, i, ps.Count})
+				o.count += ps.Count
+				merged = true
+				break
+			}
+		}
+		if !merged {
+			r.segs = []seg{{ps.Name, i, ps.Count}}
+			reqs = append(reqs, r)
+		}
+	}
+	for _, r := range reqs {
+		names := make([]string, len(r.segs))
+		for i, s := range r.segs {
+			names[i] = s.name
+		}
+		r.label = strings.Join(names, "+")
+	}
+	// Hardest first: exclusive before shared, more GPUs per pod first, then
+	// more memory per GPU. The last request is decided without search.
+	slices.SortStableFunc(reqs, func(a, b *req) int {
+		if a.excl != b.excl {
+			if a.excl {
+				return -1
+			}
+			return 1
+		}
+		return cmp.Or(cmp.Compare(b.g, a.g), cmp.Compare(b.mem, a.mem), cmp.Compare(b.pct, a.pct), cmp.Compare(b.cores, a.cores))
+	})
+	for i, r := range reqs {
+		r.bitIdx = uint(i)
+	}
+	return reqs
+}
+
+func equalSel(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+func selects(sel, labels map[string]string) bool {
+	for k, v := range sel {
+		if w, ok := labels[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+// tolerated: every NoSchedule/NoExecute taint is tolerated (PreferNoSchedule
+// never keeps a pod off a node).
+func tolerated(taints []corev1.Taint, tol []corev1.Toleration) bool {
+	for i := range taints {
+		t := &taints[i]
+		if t.Effect != corev1.TaintEffectNoSchedule && t.Effect != corev1.TaintEffectNoExecute {
+			continue
+		}
+		ok := false
+		for j := range tol {
+			if tol[j].ToleratesTaint(logr.Discard(), t, true) {
+				ok = true
+				break
+			}
+		}
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
+
+func (o Options) withDefaults() Options {
+	if o.MaxSteps <= 0 {
+		o.MaxSteps = DefaultMaxSteps
+	}
+	if o.MaxDomains <= 0 {
+		o.MaxDomains = DefaultMaxDomains
+	}
+	if o.Policy == "" {
+		o.Policy = v1alpha1.PolicyBestFit
+	}
+	return o
+}
+
+// narrower returns the levels under o.Level (all of them when Level is "" or
+// not listed).
+func (o Options) narrower() []string {
+	for i, l := range o.Levels {
+		if l == o.Level {
+			return o.Levels[i+1:]
+		}
+	}
+	out := make([]string, 0, len(o.Levels))
+	for _, l := range o.Levels {
+		if l != o.Level {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// Fit decides whether the whole gang fits now inside one domain of o.Level.
+// It does not change the model's usage (it may cache a level index).
+func (m *Model) Fit(g Gang, o Options) Result {
+	o = o.withDefaults()
+	if err := validate(g); err != nil {
+		return Result{Level: o.Level, Reasons: []string{"invalid request: " + err.Error()}}
+	}
+	reqs := compile(g)
+	if len(reqs) == 0 {
+		return Result{Fits: true, Level: o.Level, Reasons: []string{"the workload requests no GPUs"}}
+	}
+	if len(reqs) > 64 {
+		return Result{Level: o.Level, Reasons: []string{fmt.Sprintf("invalid request: %d distinct pod sets, at most 64 supported", len(reqs))}}
+	}
+	li := m.level(o.Level)
+	var res Result
+	res.Level = o.Level
+
+	// Aggregate pruning: necessary conditions only, so no feasible domain is
+	// ever dropped here.
+	type cand struct {
+		d  *domainAgg
+		di int
+	}
+	var cands []cand
+	for di, d := range li.domains {
+		if aggregateOK(d, reqs) {
+			cands = append(cands, cand{d, di})
+		}
+	}
+	worst := o.Policy == v1alpha1.PolicyWorstFit
+	slices.SortFunc(cands, func(a, b cand) int {
+		c := cmp.Or(cmp.Compare(a.d.freeMiB, b.d.freeMiB), cmp.Compare(a.d.whole, b.d.whole))
+		if worst {
+			c = -c
+		}
+		return cmp.Or(c, strings.Compare(a.d.name, b.d.name))
+	})
+	reports := make(map[int]DomainReport)
+	tried := 0
+	for _, c := range cands {
+		if tried >= o.MaxDomains {
+			break
+		}
+		tried++
+		s := m.newScratch(c.d, reqs, o)
+		ok, rep := s.run(o.MaxSteps)
+		res.Steps += s.steps
+		if s.exhausted {
+			res.Exhausted = true
+		}
+		reports[c.di] = rep
+		if ok {
+			res.Fits = true
+			res.Domain = c.d.name
+			res.Assignments = s.assignments(m)
+			res.Domains = []DomainReport{rep}
+			res.Reasons = []string{fmt.Sprintf("%s: all %d pods fit (%s, %s)", domainLabel(o.Level, c.d.name), rep.PodsWanted, o.Policy, policyWhy(worst))}
+			return res
+		}
+	}
+	// Not fitting: explain every domain, closest first.
+	for di, d := range li.domains {
+		rep, ok := reports[di]
+		if !ok {
+			s := m.newScratch(d, reqs, o)
+			rep = s.capacityReport()
+			if tried >= o.MaxDomains && aggregateOK(d, reqs) && rep.Constraint == "" {
+				rep.Constraint = fmt.Sprintf("not tried: only %d domains are dry-run per decision (search.maxDomains)", o.MaxDomains)
+			}
+		}
+		res.Domains = append(res.Domains, rep)
+	}
+	slices.SortStableFunc(res.Domains, func(a, b DomainReport) int {
+		return cmp.Or(cmp.Compare(b.PodsFit, a.PodsFit), strings.Compare(a.Domain, b.Domain))
+	})
+	res.Reasons = m.reasons(res.Domains, li, reqs, o)
+	return res
+}
+
+func policyWhy(worst bool) string {
+	if worst {
+		return "the feasible domain with the most free memory"
+	}
+	return "the feasible domain with the least free memory"
+}
+
+func domainLabel(level, name string) string {
+	if level == "" {
+		return "cluster"
+	}
+	return "domain " + name
+}
+
+// aggregateOK applies the per-domain counters: free whole GPUs, nodes by
+// number of whole GPUs, and the free-MiB histogram. Each test is an upper
+// bound of what the domain can hold, so failing one proves the gang cannot
+// fit there.
+func aggregateOK(d *domainAgg, reqs []*req) bool {
+	var exclGPUs int64
+	var fracMiB int64
+	for _, r := range reqs {
+		need := int64(r.count) * int64(r.g)
+		if r.excl {
+			exclGPUs += need
+			var pods int64
+			for k, n := range d.nodesByWhole {
+				pods += int64(n) * int64(k/r.g)
+			}
+			if pods < int64(r.count) {
+				return false
+			}
+			continue
+		}
+		if int64(d.gpus) < int64(r.g) {
+			return false
+		}
+		if r.mem == 0 {
+			continue // per-GPU need depends on the model; left to the scan
+		}
+		fracMiB += need * r.mem
+		var slots int64
+		for b, n := range d.hist {
+			if n > 0 {
+				slots += int64(n) * (histUpper(b) / r.mem)
+			}
+		}
+		if slots < need {
+			return false
+		}
+	}
+	return exclGPUs <= int64(d.whole) && fracMiB <= d.freeMiB
+}
+
+// scratch is one domain's GPUs copied for a dry run, nodes in placement order.
+type scratch struct {
+	reqs     []*req
+	nodes    []snode
+	st       []gpuState
+	gi       []int32 // model GPU index
+	name     string
+	level    string
+	steps    int64
+	maxSteps int64
+
+	exhausted bool
+	placed    int
+	maxPlaced int
+	stack     []placed
+	// per-domain exclusion counts for messages
+	unusable int
+	selMiss  []int
+	tainted  []int
+}
+
+type snode struct {
+	ni     int32
+	lo, hi int32
+	elig   uint64
+	name   string
+}
+
+type placed struct {
+	req  int
+	node int
+	gpus []int32 // scratch indices
+}
+
+func (m *Model) newScratch(d *domainAgg, reqs []*req, o Options) *scratch {
+	s := &scratch{reqs: reqs, name: d.name, level: o.Level, selMiss: make([]int, len(reqs)), tainted: make([]int, len(reqs))}
+	type keyed struct {
+		sn   snode
+		key  []string
+		free int64
+	}
+	narrow := o.narrower()
+	ks := make([]keyed, 0, len(d.nodes))
+	for _, ni := range d.nodes {
+		n := &m.nodes[ni]
+		if !n.usable {
+			s.unusable++
+			continue
+		}
+		var elig uint64
+		for i, r := range reqs {
+			switch {
+			case !selects(r.sel, n.n.Labels):
+				s.selMiss[i]++
+			case !tolerated(n.n.Taints, r.tol):
+				s.tainted[i]++
+			default:
+				elig |= 1 << uint(i)
+			}
+		}
+		if elig == 0 {
+			continue
+		}
+		sn := snode{ni: ni, elig: elig, name: n.n.Name, lo: int32(len(s.st))}
+		var free int64
+		for gi := n.lo; gi < n.hi; gi++ {
+			g := m.gpus[gi]
+			if !g.healthy {
+				continue
+			}
+			s.st = append(s.st, g)
+			s.gi = append(s.gi, gi)
+			free += g.free()
+		}
+		sn.hi = int32(len(s.st))
+		k := keyed{sn: sn, free: free}
+		for _, l := range narrow {
+			k.key = append(k.key, n.n.Labels[l])
+		}
+		ks = append(ks, k)
+	}
+	worst := o.Policy == v1alpha1.PolicyWorstFit
+	slices.SortFunc(ks, func(a, b keyed) int {
+		if c := slices.Compare(a.key, b.key); c != 0 {
+			return c
+		}
+		c := cmp.Compare(a.free, b.free)
+		if worst {
+			c = -c
+		}
+		return cmp.Or(c, strings.Compare(a.sn.name, b.sn.name))
+	})
+	// GPU ranges were recorded before sorting; they stay valid because each
+	// node keeps its own [lo,hi) in s.st.
+	s.nodes = make([]snode, len(ks))
+	for i, k := range ks {
+		s.nodes[i] = k.sn
+	}
+	return s
+}
+
+// nodeSlots fills buf with r's slots on node n's GPUs.
+func (s *scratch) nodeSlots(r *req, n *snode, buf []int64) []int64 {
+	buf = buf[:0]
+	for i := n.lo; i < n.hi; i++ {
+		buf = append(buf, r.slots(&s.st[i]))
+	}
+	return buf
+}
+
+// podCap is the most pods (≤ limit) that each need g distinct GPUs when GPU
+// i can serve slots[i] of them: the largest p with Σ min(slots[i], p) ≥ p·g
+// (Gale–Ryser for a 0/1 matrix with row sums g and column sums ≤ slots).
+func podCap(slots []int64, g int, limit int64) int64 {
+	var total int64
+	for _, x := range slots {
+		total += x
+	}
+	hi := min(limit, total/int64(g))
+	lo := int64(0)
+	for lo < hi {
+		mid := (lo + hi + 1) / 2
+		var sum int64
+		for _, x := range slots {
+			sum += min(x, mid)
+		}
+		if sum >= mid*int64(g) {
+			lo = mid
+		} else {
+			hi = mid - 1
+		}
+	}
+	return lo
+}
+
+// capacity is how many pods of reqs[j] the domain could hold on its own now.
+func (s *scratch) capacity(j int, limit int64) int64 {
+	r := s.reqs[j]
+	var buf [16]int64
+	var total int64
+	for i := range s.nodes {
+		n := &s.nodes[i]
+		if n.elig&(1<<r.bitIdx) == 0 {
+			continue
+		}
+		total += podCap(s.nodeSlots(r, n, buf[:0]), r.g, limit-total)
+		if total >= limit {
+			break
+		}
+	}
+	return total
+}
+
+// run dry-runs the gang in this domain.
+func (s *scratch) run(maxSteps int64) (bool, DomainReport) {
+	s.maxSteps = maxSteps
+	rep := DomainReport{Domain: s.name}
+	for _, r := range s.reqs {
+		rep.PodsWanted += r.count
+	}
+	// Each pod set alone first: exact, and it names the binding constraint.
+	fitAlone := 0
+	failing := -1
+	for j, r := range s.reqs {
+		c := s.capacity(j, int64(r.count))
+		fitAlone += int(c)
+		if int(c) < r.count && failing < 0 {
+			failing = j
+		}
+	}
+	if failing >= 0 {
+		rep.PodsFit = fitAlone
+		rep.Constraint = s.constraint(failing)
+		return false, rep
+	}
+	if s.place(0, 0, 0) {
+		rep.PodsFit = rep.PodsWanted
+		return true, rep
+	}
+	rep.PodsFit = s.maxPlaced
+	if s.exhausted {
+		rep.Constraint = fmt.Sprintf("search stopped after %d steps (search.maxSteps) without finding a placement; not proven impossible", s.steps)
+	} else {
+		rep.Constraint = fmt.Sprintf("pod sets %s each fit alone but not together (GPUs they would share are too small for both)", s.labels())
+	}
+	return false, rep
+}
+
+func (s *scratch) labels() string {
+	names := make([]string, len(s.reqs))
+	for i, r := range s.reqs {
+		names[i] = r.label
+	}
+	return strings.Join(names, ", ")
+}
+
+// capacityReport describes a domain without searching it.
+func (s *scratch) capacityReport() DomainReport {
+	rep := DomainReport{Domain: s.name}
+	failing := -1
+	for j, r := range s.reqs {
+		rep.PodsWanted += r.count
+		c := s.capacity(j, int64(r.count))
+		rep.PodsFit += int(c)
+		if int(c) < r.count && failing < 0 {
+			failing = j
+		}
+	}
+	if failing >= 0 {
+		rep.Constraint = s.constraint(failing)
+	}
+	return rep
+}
+
+// place places pod k of reqs[j] on a node at index ≥ lb. Pods of one request
+// are identical, so they are placed in non-decreasing node order; nodes in
+// the same state (and eligibility) are tried once per decision; GPUs in the
+// same state are interchangeable, so a pod chooses how many GPUs of each
+// state class it takes, not which. The last request is decided exactly by
+// capacity and placed greedily.
+func (s *scratch) place(j, k, lb int) bool {
+	if j == len(s.reqs) {
+		return true
+	}
+	r := s.reqs[j]
+	if k == r.count {
+		if !s.boundOK(j + 1) {
+			return false
+		}
+		return s.place(j+1, 0, 0)
+	}
+	if k == 0 && j == len(s.reqs)-1 {
+		c := s.capacity(j, int64(r.count))
+		if int(c) < r.count {
+			s.maxPlaced = max(s.maxPlaced, s.placed+int(c))
+			return false
+		}
+		s.greedy(j)
+		return true
+	}
+	var seen map[string]bool
+	for ni := lb; ni < len(s.nodes); ni++ {
+		n := &s.nodes[ni]
+		if n.elig&(1<<r.bitIdx) == 0 {
+			continue
+		}
+		classes := s.classes(r, n)
+		if classes == nil {
+			continue
+		}
+		sig := s.signature(n)
+		if seen == nil {
+			seen = map[string]bool{}
+		}
+		if seen[sig] {
+			continue
+		}
+		seen[sig] = true
+		counts := make([]int, len(classes))
+		if s.choose(j, k, ni, classes, counts, 0, r.g) {
+			return true
+		}
+		if s.exhausted {
+			return false
+		}
+	}
+	return false
+}
+
+// choose enumerates how many GPUs to take from each class (tightest first).
+func (s *scratch) choose(j, k, ni int, classes [][]int32, counts []int, c, left int) bool {
+	if left == 0 {
+		s.steps++
+		if s.steps > s.maxSteps {
+			s.exhausted = true
+			return false
+		}
+		r := s.reqs[j]
+		p := placed{req: j, node: ni}
+		for ci, cnt := range counts {
+			for x := 0; x < cnt; x++ {
+				gi := classes[ci][x]
+				r.apply(&s.st[gi], +1)
+				p.gpus = append(p.gpus, gi)
+			}
+		}
+		s.stack = append(s.stack, p)
+		s.placed++
+		s.maxPlaced = max(s.maxPlaced, s.placed)
+		if s.place(j, k+1, ni) {
+			return true
+		}
+		s.placed--
+		s.stack = s.stack[:len(s.stack)-1]
+		for _, gi := range p.gpus {
+			r.apply(&s.st[gi], -1)
+		}
+		return false
+	}
+	if c == len(classes) {
+		return false
+	}
+	// Take as many as possible from the tightest class first.
+	for take := min(left, len(classes[c])); take >= 0; take-- {
+		counts[c] = take
+		if s.choose(j, k, ni, classes, counts, c+1, left-take) {
+			return true
+		}
+		if s.exhausted {
+			counts[c] = 0
+			return false
+		}
+	}
+	counts[c] = 0
+	return false
+}
+
+// classes groups the node's GPUs that can host one more GPU of r by state,
+// tightest first; nil when fewer than r.g can.
+func (s *scratch) classes(r *req, n *snode) [][]int32 {
+	hostable := 0
+	for i := n.lo; i < n.hi; i++ {
+		if r.slots(&s.st[i]) > 0 {
+			hostable++
+		}
+	}
+	if hostable < r.g {
+		return nil
+	}
+	var classes [][]int32
+	for i := n.lo; i < n.hi; i++ {
+		g := &s.st[i]
+		if r.slots(g) == 0 {
+			continue
+		}
+		placedIn := false
+		for ci, cl := range classes {
+			if sameState(&s.st[cl[0]], g) {
+				classes[ci] = append(cl, i)
+				placedIn = true
+				break
+			}
+		}
+		if !placedIn {
+			classes = append(classes, []int32{i})
+		}
+	}
+	slices.SortStableFunc(classes, func(a, b []int32) int {
+		x, y := &s.st[a[0]], &s.st[b[0]]
+		return cmp.Or(cmp.Compare(x.free(), y.free()), cmp.Compare(x.freeCores(), y.freeCores()), cmp.Compare(x.alloc, y.alloc), cmp.Compare(x.phys, y.phys))
+	})
+	return classes
+}
+
+// sameState: two GPUs no future placement can tell apart.
+func sameState(a, b *gpuState) bool {
+	return a.phys == b.phys && a.alloc == b.alloc && a.free() == b.free() && a.freeCores() == b.freeCores() &&
+		a.whole() == b.whole() && (a.excl > 0) == (b.excl > 0)
+}
+
+// signature identifies a node's state for symmetry breaking: eligibility and
+// the sorted multiset of its GPU states.
+func (s *scratch) signature(n *snode) string {
+	type t struct{ phys, alloc, free, cores, flags int64 }
+	ts := make([]t, 0, n.hi-n.lo)
+	for i := n.lo; i < n.hi; i++ {
+		g := &s.st[i]
+		var f int64
+		if g.whole() {
+			f |= 1
+		}
+		if g.excl > 0 {
+			f |= 2
+		}
+		ts = append(ts, t{g.phys, g.alloc, g.free(), int64(g.freeCores()), f})
+	}
+	slices.SortFunc(ts, func(a, b t) int {
+		return cmp.Or(cmp.Compare(a.phys, b.phys), cmp.Compare(a.alloc, b.alloc), cmp.Compare(a.free, b.free), cmp.Compare(a.cores, b.cores), cmp.Compare(a.flags, b.flags))
+	})
+	b := strconv.AppendUint(nil, n.elig, 36)
+	for _, x := range ts {
+		b = append(b, '|')
+		b = strconv.AppendInt(b, x.phys, 36)
+		b = append(b, ',')
+		b = strconv.AppendInt(b, x.alloc, 36)
+		b = append(b, ',')
+		b = strconv.AppendInt(b, x.free, 36)
+		b = append(b, ',')
+		b = strconv.AppendInt(b, x.cores, 36)
+		b = append(b, ',')
+		b = strconv.AppendInt(b, x.flags, 36)
+	}
+	return string(b)
+}
+
+// boundOK: every remaining request still fits alone, and the exclusive ones
+// together do not need more whole GPUs than their nodes have.
+func (s *scratch) boundOK(from int) bool {
+	var exclNeed int64
+	var exclMask uint64
+	for j := from; j < len(s.reqs); j++ {
+		r := s.reqs[j]
+		if int(s.capacity(j, int64(r.count))) < r.count {
+			return false
+		}
+		if r.excl {
+			exclNeed += int64(r.count * r.g)
+			exclMask |= 1 << r.bitIdx
+		}
+	}
+	if exclNeed == 0 {
+		return true
+	}
+	var whole int64
+	for i := range s.nodes {
+		n := &s.nodes[i]
+		if n.elig&exclMask == 0 {
+			continue
+		}
+		for gi := n.lo; gi < n.hi; gi++ {
+			if s.st[gi].whole() {
+				whole++
+			}
+		}
+	}
+	return whole >= exclNeed
+}
+
+// greedy places every pod of reqs[j], known to fit by capacity: nodes in
+// order, each filled up to its capacity, each pod taking the GPUs with the
+// most slots left — the order that realises the Gale–Ryser bound.
+func (s *scratch) greedy(j int) {
+	r := s.reqs[j]
+	left := int64(r.count)
+	var buf [16]int64
+	for ni := range s.nodes {
+		if left == 0 {
+			return
+		}
+		n := &s.nodes[ni]
+		if n.elig&(1<<r.bitIdx) == 0 {
+			continue
+		}
+		slots := s.nodeSlots(r, n, buf[:0])
+		p := podCap(slots, r.g, left)
+		for ; p > 0; p-- {
+			idx := make([]int, len(slots))
+			for i := range idx {
+				idx[i] = i
+			}
+			// Most slots first; among equals the tighter GPU (binpack).
+			slices.SortStableFunc(idx, func(a, b int) int {
+				return cmp.Or(cmp.Compare(slots[b], slots[a]), cmp.Compare(s.st[n.lo+int32(a)].free(), s.st[n.lo+int32(b)].free()))
+			})
+			pl := placed{req: j, node: ni}
+			for _, i := range idx[:r.g] {
+				gi := n.lo + int32(i)
+				r.apply(&s.st[gi], +1)
+				slots[i]--
+				pl.gpus = append(pl.gpus, gi)
+			}
+			s.stack = append(s.stack, pl)
+			s.steps++
+			s.placed++
+			left--
+		}
+	}
+}
+
+// assignments turns the placement stack into per-pod-set assignments.
+func (s *scratch) assignments(m *Model) []Assignment {
+	next := make([]int, len(s.reqs)) // pods placed so far per request
+	type ordered struct {
+		a     Assignment
+		order int
+	}
+	out := make([]ordered, 0, len(s.stack))
+	for _, p := range s.stack {
+		r := s.reqs[p.req]
+		k := next[p.req]
+		next[p.req]++
+		sg, idx := r.segs[0], k
+		for _, x := range r.segs {
+			if idx < x.count {
+				sg = x
+				break
+			}
+			idx -= x.count
+		}
+		n := &s.nodes[p.node]
+		a := Assignment{PodSet: sg.name, Index: idx, Node: n.name}
+		for _, gi := range p.gpus {
+			g := &s.st[gi]
+			u := Usage{UUID: m.info[s.gi[gi]].UUID, MemoryMiB: r.need(g.phys), Cores: r.cores}
+			if r.excl {
+				u = Usage{UUID: m.info[s.gi[gi]].UUID, MemoryMiB: g.alloc, Cores: 100, Exclusive: true}
+			}
+			a.GPUs = append(a.GPUs, u)
+		}
+		out = append(out, ordered{a, sg.order})
+	}
+	slices.SortStableFunc(out, func(x, y ordered) int {
+		return cmp.Or(cmp.Compare(x.order, y.order), cmp.Compare(x.a.Index, y.a.Index))
+	})
+	res := make([]Assignment, len(out))
+	for i, o := range out {
+		res[i] = o.a
+	}
+	return res
+}

@@ -1,0 +1,50 @@
+package fit
+
+import (
+	"math"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+// Never reports whether the gang can never fit: not even on an empty
+// cluster where every node is Ready and schedulable and every GPU healthy
+// (those conditions pass). Taints set by the node lifecycle controller
+// (node.kubernetes.io/*) are transient too and are ignored; other taints,
+// labels, GPU sizes and counts are taken as they are. Only a proof counts:
+// the search here is unbounded in domains and steps, and an invalid request
+// can never fit. The string says why, for the Rejected message.
+func Never(nodes []Node, g Gang, o Options) (bool, string) {
+	if err := validate(g); err != nil {
+		return true, "invalid request: " + err.Error()
+	}
+	empty := make([]Node, len(nodes))
+	for i, n := range nodes {
+		n.Ready, n.Unschedulable = true, false
+		n.GPUs = append([]GPU(nil), n.GPUs...)
+		for j := range n.GPUs {
+			n.GPUs[j].Healthy = true
+		}
+		var taints []corev1.Taint
+		for _, t := range n.Taints {
+			if !strings.HasPrefix(t.Key, "node.kubernetes.io/") {
+				taints = append(taints, t)
+			}
+		}
+		n.Taints = taints
+		empty[i] = n
+	}
+	o.MaxDomains = math.MaxInt
+	if o.MaxSteps < 10*DefaultMaxSteps {
+		o.MaxSteps = 10 * DefaultMaxSteps
+	}
+	res := NewModel(empty).Fit(g, o)
+	if res.Fits || res.Exhausted {
+		return false, ""
+	}
+	why := "it does not fit even on an empty cluster"
+	if len(res.Reasons) > 0 {
+		why += ": " + res.Reasons[0]
+	}
+	return true, why
+}

@@ -1,0 +1,151 @@
+package fit
+
+import (
+	"fmt"
+	"strings"
+)
+
+// maxReasonDomains bounds the per-domain lines in Result.Reasons; every
+// domain is still in Result.Domains.
+const maxReasonDomains = 5
+
+// constraint names, in plain words, why reqs[j] alone does not fit in this
+// domain: the first of the limits below that it runs into.
+func (s *scratch) constraint(j int) string {
+	r := s.reqs[j]
+	var eligNodes, hostNodes int
+	var whole, memOK, coresOK, hostable, slots, maxSlots int64
+	for i := range s.nodes {
+		n := &s.nodes[i]
+		if n.elig&(1<<r.bitIdx) == 0 {
+			continue
+		}
+		eligNodes++
+		h := 0
+		for gi := n.lo; gi < n.hi; gi++ {
+			g := &s.st[gi]
+			if g.whole() {
+				whole++
+			}
+			if !r.excl && g.excl == 0 {
+				if g.free() >= r.need(g.phys) {
+					memOK++
+				}
+				if g.freeCores() >= r.cores {
+					coresOK++
+				}
+			}
+			if x := r.slots(g); x > 0 {
+				hostable++
+				h++
+				slots += x
+				maxSlots = max(maxSlots, x)
+			}
+		}
+		if h >= r.g {
+			hostNodes++
+		}
+	}
+	who := "pod set " + r.label
+	wantGPUs := int64(r.count) * int64(r.g)
+	if eligNodes == 0 {
+		var why []string
+		if s.unusable > 0 {
+			why = append(why, plural(s.unusable, "node is", "nodes are")+" NotReady or unschedulable")
+		}
+		if s.selMiss[j] > 0 {
+			why = append(why, fmt.Sprintf("%s not match its nodeSelector %v", plural(s.selMiss[j], "node does", "nodes do"), r.sel))
+		}
+		if s.tainted[j] > 0 {
+			why = append(why, plural(s.tainted[j], "node has", "nodes have")+" taints it does not tolerate")
+		}
+		if len(why) == 0 {
+			why = append(why, "the domain has no GPU nodes")
+		}
+		return fmt.Sprintf("no node can take %s: %s", who, strings.Join(why, "; "))
+	}
+	perPod := ""
+	if r.g > 1 {
+		perPod = fmt.Sprintf(", %d on one node per pod", r.g)
+	}
+	if r.excl {
+		if whole < wantGPUs {
+			return fmt.Sprintf("only %s free (need %d for %s%s)", plural64(whole, "whole GPU is", "whole GPUs are"), wantGPUs, who, perPod)
+		}
+		return fmt.Sprintf("only %s %d whole GPUs free (need %d pods × %d GPUs on one node each)", plural(hostNodes, "node has", "nodes have"), r.g, r.count, r.g)
+	}
+	if slots < wantGPUs {
+		if r.cores > 0 && coresOK < memOK {
+			return fmt.Sprintf("only %s %d%% SM free (need %d%% per GPU for %s)", plural64(coresOK, "GPU has", "GPUs have"), r.cores, r.cores, who)
+		}
+		if maxSlots <= 1 {
+			return fmt.Sprintf("only %s %s free (need %s per GPU)", plural64(memOK, "GPU has", "GPUs have"), r.describeMem(), r.describeMem())
+		}
+		return fmt.Sprintf("room for only %d GPU shares of %s (need %d: %d pods × %d GPUs)", slots, r.describeMem(), wantGPUs, r.count, r.g)
+	}
+	return fmt.Sprintf("only %s %d GPUs with %s free (each pod needs %d GPUs on one node)", plural(hostNodes, "node has", "nodes have"), r.g, r.describeMem(), r.g)
+}
+
+func plural(n int, one, many string) string { return plural64(int64(n), one, many) }
+
+func plural64(n int64, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return fmt.Sprintf("%d %s", n, many)
+}
+
+// reasons renders the per-domain reports and what was excluded cluster-wide.
+func (m *Model) reasons(reps []DomainReport, li *levelIndex, reqs []*req, o Options) []string {
+	var out []string
+	if len(reps) == 0 {
+		if o.Level == "" {
+			out = append(out, "the cluster has no nodes")
+		} else {
+			out = append(out, fmt.Sprintf("no node has the topology label %s", o.Level))
+		}
+	}
+	for i, r := range reps {
+		if i == maxReasonDomains {
+			out = append(out, fmt.Sprintf("… and %d more domains where at most %d pods fit", len(reps)-i, r.PodsFit))
+			break
+		}
+		line := fmt.Sprintf("%s: %d of %d pods fit", domainLabel(o.Level, r.Domain), r.PodsFit, r.PodsWanted)
+		if r.Constraint != "" {
+			line += "; binding constraint: " + r.Constraint
+		}
+		out = append(out, line)
+	}
+	if li.missing > 0 {
+		out = append(out, fmt.Sprintf("%s no %s label and %s in no domain", plural(li.missing, "node has", "nodes have"), o.Level, map[bool]string{true: "is", false: "are"}[li.missing == 1]))
+	}
+	var notReady, unsched, unhealthy int
+	for i := range m.nodes {
+		n := m.nodes[i].n
+		switch {
+		case !n.Ready:
+			notReady++
+		case n.Unschedulable:
+			unsched++
+		}
+	}
+	for i := range m.gpus {
+		if !m.gpus[i].healthy {
+			unhealthy++
+		}
+	}
+	var ex []string
+	if notReady > 0 {
+		ex = append(ex, plural(notReady, "node", "nodes")+" NotReady")
+	}
+	if unsched > 0 {
+		ex = append(ex, plural(unsched, "node", "nodes")+" unschedulable")
+	}
+	if unhealthy > 0 {
+		ex = append(ex, plural(unhealthy, "unhealthy GPU", "unhealthy GPUs"))
+	}
+	if len(ex) > 0 {
+		out = append(out, "excluded: "+strings.Join(ex, ", "))
+	}
+	return out
+}
