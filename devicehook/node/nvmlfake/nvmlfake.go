@@ -1,0 +1,194 @@
+// Package nvmlfake completes go-nvml's mock servers (dgxh100, dgxb200) with
+// the functions they leave unset and gpupack-node calls: memory v2,
+// attributes, NUMA, row remapping, fabric info, NVLink state and running
+// processes. Each device's answers live in a GPU struct the test changes
+// while the agent runs (health, processes, fabric).
+//
+// It is test support shared by unit and integration tests, so it is an
+// ordinary package; nothing in the product imports it.
+package nvmlfake
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxb200"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+)
+
+// GPU is the mutable state behind one mocked device.
+type GPU struct {
+	mu        sync.Mutex
+	dev       *server.Device
+	SMCount   uint32
+	NUMA      int
+	Links     int  // NVLink links reported; all enabled unless DownLinks
+	DownLinks int  // how many of Links report disabled
+	Lost      bool // memory info answers GPU_IS_LOST
+	RemapFail bool
+	Fabric    *nvml.GpuFabricInfo // nil: fabric not supported (HGX)
+	Processes []nvml.ProcessInfo
+}
+
+// Set changes the GPU under its lock.
+func (g *GPU) Set(f func(g *GPU)) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	f(g)
+}
+
+// UUID of the mocked device.
+func (g *GPU) UUID() string { return g.dev.UUID }
+
+// Device returns the go-nvml mock device.
+func (g *GPU) Device() *server.Device { return g.dev }
+
+// Node is one mocked host.
+type Node struct {
+	*server.Server
+	GPUs []*GPU
+	mu   sync.Mutex
+	// Missing hides GPUs (by index) from DeviceGetHandleByIndex, as if they
+	// fell off the bus.
+	missing map[int]bool
+}
+
+// Hide makes DeviceGetHandleByIndex(i) fail (true) or succeed again (false).
+func (n *Node) Hide(i int, hidden bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.missing[i] = hidden
+}
+
+// DGXH100 is an 8×H100 HGX box: NVLink through NVSwitch inside the node
+// only (fabric not supported), 18 links per GPU, NUMA 0 for GPUs 0-3 and 1
+// for 4-7, 132 SMs.
+func DGXH100() *Node {
+	n := wrap(dgxh100.New())
+	for i, g := range n.GPUs {
+		g.SMCount, g.NUMA, g.Links = 132, i/4, 18
+	}
+	return n
+}
+
+// NVLTray is a B200 NVL-style compute tray: gpus GPUs registered with an
+// NVLink fabric (cluster UUID + clique), 18 links each, 148 SMs.
+func NVLTray(gpus int, cluster [16]byte, clique uint32) *Node {
+	srv := dgxb200.New()
+	srv.Devices = srv.Devices[:gpus]
+	n := wrap(srv)
+	for i, g := range n.GPUs {
+		g.SMCount, g.NUMA, g.Links = 148, i/2, 18
+		g.Fabric = &nvml.GpuFabricInfo{ClusterUuid: cluster, CliqueId: clique, State: nvml.GPU_FABRIC_STATE_COMPLETED, Status: uint32(nvml.SUCCESS)}
+	}
+	return n
+}
+
+// ClusterUUID builds a fabric cluster UUID whose bytes are all b.
+func ClusterUUID(b byte) [16]byte {
+	var u [16]byte
+	for i := range u {
+		u[i] = b
+	}
+	return u
+}
+
+func wrap(srv *server.Server) *Node {
+	n := &Node{Server: srv, missing: map[int]bool{}}
+	for _, d := range srv.Devices {
+		dev := d.(*server.Device)
+		g := &GPU{dev: dev}
+		n.GPUs = append(n.GPUs, g)
+		complete(g)
+	}
+	byIndex := srv.DeviceGetHandleByIndexFunc
+	srv.DeviceGetHandleByIndexFunc = func(i int) (nvml.Device, nvml.Return) {
+		n.mu.Lock()
+		hidden := n.missing[i]
+		n.mu.Unlock()
+		if hidden {
+			return nil, nvml.ERROR_GPU_IS_LOST
+		}
+		return byIndex(i)
+	}
+	return n
+}
+
+// complete sets the device functions the go-nvml mocks leave nil.
+func complete(g *GPU) {
+	d := g.dev
+	d.GetMemoryInfo_v2Func = func() (nvml.Memory_v2, nvml.Return) {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if g.Lost {
+			return nvml.Memory_v2{}, nvml.ERROR_GPU_IS_LOST
+		}
+		var used uint64
+		for _, p := range g.Processes {
+			used += p.UsedGpuMemory
+		}
+		total := d.MemoryInfo.Total
+		return nvml.Memory_v2{Total: total, Used: used, Free: total - min(used, total)}, nvml.SUCCESS
+	}
+	memV1 := d.GetMemoryInfoFunc
+	d.GetMemoryInfoFunc = func() (nvml.Memory, nvml.Return) {
+		g.mu.Lock()
+		lost := g.Lost
+		g.mu.Unlock()
+		if lost {
+			return nvml.Memory{}, nvml.ERROR_GPU_IS_LOST
+		}
+		return memV1()
+	}
+	d.GetAttributesFunc = func() (nvml.DeviceAttributes, nvml.Return) {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return nvml.DeviceAttributes{MultiprocessorCount: g.SMCount, MemorySizeMB: d.MemoryInfo.Total >> 20}, nvml.SUCCESS
+	}
+	d.GetNumaNodeIdFunc = func() (int, nvml.Return) {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return g.NUMA, nvml.SUCCESS
+	}
+	d.GetRemappedRowsFunc = func() (int, int, bool, bool, nvml.Return) {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return 0, 0, false, g.RemapFail, nvml.SUCCESS
+	}
+	d.GetGpuFabricInfoFunc = func() (nvml.GpuFabricInfo, nvml.Return) {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if g.Fabric == nil {
+			return nvml.GpuFabricInfo{State: nvml.GPU_FABRIC_STATE_NOT_SUPPORTED}, nvml.SUCCESS
+		}
+		return *g.Fabric, nvml.SUCCESS
+	}
+	d.GetNvLinkStateFunc = func(link int) (nvml.EnableState, nvml.Return) {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if link < 0 || link >= g.Links {
+			return 0, nvml.ERROR_INVALID_ARGUMENT
+		}
+		if link < g.DownLinks {
+			return nvml.FEATURE_DISABLED, nvml.SUCCESS
+		}
+		return nvml.FEATURE_ENABLED, nvml.SUCCESS
+	}
+	d.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return append([]nvml.ProcessInfo(nil), g.Processes...), nvml.SUCCESS
+	}
+}
+
+// GPUByUUID finds a GPU of the node.
+func (n *Node) GPUByUUID(uuid string) (*GPU, error) {
+	for _, g := range n.GPUs {
+		if g.UUID() == uuid {
+			return g, nil
+		}
+	}
+	return nil, fmt.Errorf("no GPU %s", uuid)
+}
