@@ -49,6 +49,9 @@ func (r *req) need(phys int64) int64 {
 // slots is how many pods of r one GPU can still serve (each pod uses a GPU
 // at most once).
 func (r *req) slots(g *gpuState) int64 {
+	if !g.healthy {
+		return 0
+	}
 	if r.excl {
 		if g.whole() {
 			return 1
@@ -298,9 +301,12 @@ func (m *Model) Fit(g Gang, o Options) Result {
 		}
 		reports[c.di] = rep
 		if ok {
+			res.Assignments = s.assignments(m)
+		}
+		s.undoAll()
+		if ok {
 			res.Fits = true
 			res.Domain = c.d.name
-			res.Assignments = s.assignments(m)
 			res.Domains = []DomainReport{rep}
 			res.Reasons = []string{fmt.Sprintf("%s: all %d pods fit (%s, %s)", domainLabel(o.Level, c.d.name), rep.PodsWanted, o.Policy, policyWhy(worst))}
 			return res
@@ -379,12 +385,15 @@ func aggregateOK(d *domainAgg, reqs []*req) bool {
 	return exclGPUs <= int64(d.whole) && fracMiB <= d.freeMiB
 }
 
-// scratch is one domain's GPUs copied for a dry run, nodes in placement order.
+// scratch is one domain prepared for a dry run: its usable nodes in
+// placement order with their eligibility per request. The dry run places
+// pods on the model's own GPU states and undoes every placement before Fit
+// returns (undoAll), so nothing is copied and the aggregates, which the dry
+// run never touches, stay right.
 type scratch struct {
+	m        *Model
 	reqs     []*req
 	nodes    []snode
-	st       []gpuState
-	gi       []int32 // model GPU index
 	name     string
 	level    string
 	steps    int64
@@ -402,7 +411,7 @@ type scratch struct {
 
 type snode struct {
 	ni     int32
-	lo, hi int32
+	lo, hi int32 // the node's GPUs in Model.gpus
 	elig   uint64
 	name   string
 }
@@ -410,18 +419,78 @@ type snode struct {
 type placed struct {
 	req  int
 	node int
-	gpus []int32 // scratch indices
+	gpus []int32 // Model.gpus indices
+}
+
+func (s *scratch) gpu(i int32) *gpuState { return &s.m.gpus[i] }
+
+// undoAll removes every placement of the dry run from the model.
+func (s *scratch) undoAll() {
+	for i := len(s.stack) - 1; i >= 0; i-- {
+		p := s.stack[i]
+		for _, gi := range p.gpus {
+			s.reqs[p.req].apply(s.gpu(gi), -1)
+		}
+	}
+	s.stack = s.stack[:0]
+	s.placed = 0
+}
+
+// staticOrder ranks nodes by the values of the levels narrower than the
+// domain's (then by name); it depends only on labels, so it is computed once
+// per set of levels and shared by clones.
+type staticOrder struct {
+	sub  []int32 // per node: rank of its narrower-levels tuple
+	rank []int32 // per node: position in (tuple, name) order
+	byRk []int32 // rank → node
+}
+
+func (m *Model) order(narrow []string) *staticOrder {
+	key := strings.Join(narrow, "\x00")
+	if so, ok := m.orders[key]; ok {
+		return so
+	}
+	idx := make([]int32, len(m.nodes))
+	for i := range idx {
+		idx[i] = int32(i)
+	}
+	tuple := func(i int32) []string {
+		t := make([]string, len(narrow))
+		for k, l := range narrow {
+			t[k] = m.nodes[i].n.Labels[l]
+		}
+		return t
+	}
+	slices.SortFunc(idx, func(a, b int32) int {
+		return cmp.Or(slices.Compare(tuple(a), tuple(b)), strings.Compare(m.nodes[a].n.Name, m.nodes[b].n.Name))
+	})
+	so := &staticOrder{sub: make([]int32, len(m.nodes)), rank: make([]int32, len(m.nodes)), byRk: idx}
+	var prev []string
+	sub := int32(-1)
+	for r, ni := range idx {
+		t := tuple(ni)
+		if prev == nil || !slices.Equal(t, prev) {
+			sub++
+			prev = t
+		}
+		so.sub[ni] = sub
+		so.rank[ni] = int32(r)
+	}
+	m.orders[key] = so
+	return so
 }
 
 func (m *Model) newScratch(d *domainAgg, reqs []*req, o Options) *scratch {
-	s := &scratch{reqs: reqs, name: d.name, level: o.Level, selMiss: make([]int, len(reqs)), tainted: make([]int, len(reqs))}
-	type keyed struct {
-		sn   snode
-		key  []string
-		free int64
+	s := &scratch{m: m, reqs: reqs, name: d.name, level: o.Level, selMiss: make([]int, len(reqs)), tainted: make([]int, len(reqs))}
+	so := m.order(o.narrower())
+	worst := o.Policy == v1alpha1.PolicyWorstFit
+	// Placement order: sub-domain first (locality), then free memory on the
+	// node (BestFit: fullest first, to keep empty nodes whole; WorstFit: the
+	// reverse), then name. Packed into one integer so sorting is cheap.
+	keys := m.keyBuf[:0]
+	if len(m.eligBuf) != len(m.nodes) {
+		m.eligBuf = make([]uint64, len(m.nodes))
 	}
-	narrow := o.narrower()
-	ks := make([]keyed, 0, len(d.nodes))
 	for _, ni := range d.nodes {
 		n := &m.nodes[ni]
 		if !n.usable {
@@ -442,49 +511,42 @@ func (m *Model) newScratch(d *domainAgg, reqs []*req, o Options) *scratch {
 		if elig == 0 {
 			continue
 		}
-		sn := snode{ni: ni, elig: elig, name: n.n.Name, lo: int32(len(s.st))}
-		var free int64
-		for gi := n.lo; gi < n.hi; gi++ {
-			g := m.gpus[gi]
-			if !g.healthy {
-				continue
-			}
-			s.st = append(s.st, g)
-			s.gi = append(s.gi, gi)
-			free += g.free()
-		}
-		sn.hi = int32(len(s.st))
-		k := keyed{sn: sn, free: free}
-		for _, l := range narrow {
-			k.key = append(k.key, n.n.Labels[l])
-		}
-		ks = append(ks, k)
-	}
-	worst := o.Policy == v1alpha1.PolicyWorstFit
-	slices.SortFunc(ks, func(a, b keyed) int {
-		if c := slices.Compare(a.key, b.key); c != 0 {
-			return c
-		}
-		c := cmp.Compare(a.free, b.free)
+		free := min(n.freeMiB, 1<<24-1)
 		if worst {
-			c = -c
+			free = 1<<24 - 1 - free
 		}
-		return cmp.Or(c, strings.Compare(a.sn.name, b.sn.name))
-	})
-	// GPU ranges were recorded before sorting; they stay valid because each
-	// node keeps its own [lo,hi) in s.st.
-	s.nodes = make([]snode, len(ks))
-	for i, k := range ks {
-		s.nodes[i] = k.sn
+		keys = append(keys, uint64(so.sub[ni])<<44|uint64(free)<<20|uint64(so.rank[ni]))
+		m.eligBuf[ni] = elig
+	}
+	slices.Sort(keys)
+	m.keyBuf = keys
+	if cap(m.nodeBuf) < len(keys) {
+		m.nodeBuf = make([]snode, len(keys))
+	}
+	s.nodes = m.nodeBuf[:len(keys)]
+	for i, k := range keys {
+		ni := so.byRk[k&(1<<20-1)]
+		n := &m.nodes[ni]
+		s.nodes[i] = snode{ni: ni, lo: n.lo, hi: n.hi, elig: m.eligBuf[ni], name: n.n.Name}
 	}
 	return s
+}
+
+// mayHost is a cheap necessary test from the node's counters: can the node
+// take even one pod of r?
+func (s *scratch) mayHost(r *req, n *snode) bool {
+	nd := &s.m.nodes[n.ni]
+	if r.excl {
+		return int(nd.whole) >= r.g
+	}
+	return r.mem == 0 || nd.freeMiB >= r.mem*int64(r.g)
 }
 
 // nodeSlots fills buf with r's slots on node n's GPUs.
 func (s *scratch) nodeSlots(r *req, n *snode, buf []int64) []int64 {
 	buf = buf[:0]
 	for i := n.lo; i < n.hi; i++ {
-		buf = append(buf, r.slots(&s.st[i]))
+		buf = append(buf, r.slots(s.gpu(i)))
 	}
 	return buf
 }
@@ -521,7 +583,7 @@ func (s *scratch) capacity(j int, limit int64) int64 {
 	var total int64
 	for i := range s.nodes {
 		n := &s.nodes[i]
-		if n.elig&(1<<r.bitIdx) == 0 {
+		if n.elig&(1<<r.bitIdx) == 0 || !s.mayHost(r, n) {
 			continue
 		}
 		total += podCap(s.nodeSlots(r, n, buf[:0]), r.g, limit-total)
@@ -622,7 +684,7 @@ func (s *scratch) place(j, k, lb int) bool {
 	var seen map[string]bool
 	for ni := lb; ni < len(s.nodes); ni++ {
 		n := &s.nodes[ni]
-		if n.elig&(1<<r.bitIdx) == 0 {
+		if n.elig&(1<<r.bitIdx) == 0 || !s.mayHost(r, n) {
 			continue
 		}
 		classes := s.classes(r, n)
@@ -661,7 +723,7 @@ func (s *scratch) choose(j, k, ni int, classes [][]int32, counts []int, c, left 
 		for ci, cnt := range counts {
 			for x := 0; x < cnt; x++ {
 				gi := classes[ci][x]
-				r.apply(&s.st[gi], +1)
+				r.apply(s.gpu(gi), +1)
 				p.gpus = append(p.gpus, gi)
 			}
 		}
@@ -674,7 +736,7 @@ func (s *scratch) choose(j, k, ni int, classes [][]int32, counts []int, c, left 
 		s.placed--
 		s.stack = s.stack[:len(s.stack)-1]
 		for _, gi := range p.gpus {
-			r.apply(&s.st[gi], -1)
+			r.apply(s.gpu(gi), -1)
 		}
 		return false
 	}
@@ -701,7 +763,7 @@ func (s *scratch) choose(j, k, ni int, classes [][]int32, counts []int, c, left 
 func (s *scratch) classes(r *req, n *snode) [][]int32 {
 	hostable := 0
 	for i := n.lo; i < n.hi; i++ {
-		if r.slots(&s.st[i]) > 0 {
+		if r.slots(s.gpu(i)) > 0 {
 			hostable++
 		}
 	}
@@ -710,13 +772,13 @@ func (s *scratch) classes(r *req, n *snode) [][]int32 {
 	}
 	var classes [][]int32
 	for i := n.lo; i < n.hi; i++ {
-		g := &s.st[i]
+		g := s.gpu(i)
 		if r.slots(g) == 0 {
 			continue
 		}
 		placedIn := false
 		for ci, cl := range classes {
-			if sameState(&s.st[cl[0]], g) {
+			if sameState(s.gpu(cl[0]), g) {
 				classes[ci] = append(cl, i)
 				placedIn = true
 				break
@@ -727,7 +789,7 @@ func (s *scratch) classes(r *req, n *snode) [][]int32 {
 		}
 	}
 	slices.SortStableFunc(classes, func(a, b []int32) int {
-		x, y := &s.st[a[0]], &s.st[b[0]]
+		x, y := s.gpu(a[0]), s.gpu(b[0])
 		return cmp.Or(cmp.Compare(x.free(), y.free()), cmp.Compare(x.freeCores(), y.freeCores()), cmp.Compare(x.alloc, y.alloc), cmp.Compare(x.phys, y.phys))
 	})
 	return classes
@@ -736,7 +798,7 @@ func (s *scratch) classes(r *req, n *snode) [][]int32 {
 // sameState: two GPUs no future placement can tell apart.
 func sameState(a, b *gpuState) bool {
 	return a.phys == b.phys && a.alloc == b.alloc && a.free() == b.free() && a.freeCores() == b.freeCores() &&
-		a.whole() == b.whole() && (a.excl > 0) == (b.excl > 0)
+		a.whole() == b.whole() && (a.excl > 0) == (b.excl > 0) && a.healthy == b.healthy
 }
 
 // signature identifies a node's state for symmetry breaking: eligibility and
@@ -745,13 +807,16 @@ func (s *scratch) signature(n *snode) string {
 	type t struct{ phys, alloc, free, cores, flags int64 }
 	ts := make([]t, 0, n.hi-n.lo)
 	for i := n.lo; i < n.hi; i++ {
-		g := &s.st[i]
+		g := s.gpu(i)
 		var f int64
 		if g.whole() {
 			f |= 1
 		}
 		if g.excl > 0 {
 			f |= 2
+		}
+		if g.healthy {
+			f |= 4
 		}
 		ts = append(ts, t{g.phys, g.alloc, g.free(), int64(g.freeCores()), f})
 	}
@@ -799,7 +864,7 @@ func (s *scratch) boundOK(from int) bool {
 			continue
 		}
 		for gi := n.lo; gi < n.hi; gi++ {
-			if s.st[gi].whole() {
+			if g := s.gpu(gi); g.healthy && g.whole() {
 				whole++
 			}
 		}
@@ -819,7 +884,7 @@ func (s *scratch) greedy(j int) {
 			return
 		}
 		n := &s.nodes[ni]
-		if n.elig&(1<<r.bitIdx) == 0 {
+		if n.elig&(1<<r.bitIdx) == 0 || !s.mayHost(r, n) {
 			continue
 		}
 		slots := s.nodeSlots(r, n, buf[:0])
@@ -831,12 +896,12 @@ func (s *scratch) greedy(j int) {
 			}
 			// Most slots first; among equals the tighter GPU (binpack).
 			slices.SortStableFunc(idx, func(a, b int) int {
-				return cmp.Or(cmp.Compare(slots[b], slots[a]), cmp.Compare(s.st[n.lo+int32(a)].free(), s.st[n.lo+int32(b)].free()))
+				return cmp.Or(cmp.Compare(slots[b], slots[a]), cmp.Compare(s.gpu(n.lo+int32(a)).free(), s.gpu(n.lo+int32(b)).free()))
 			})
 			pl := placed{req: j, node: ni}
 			for _, i := range idx[:r.g] {
 				gi := n.lo + int32(i)
-				r.apply(&s.st[gi], +1)
+				r.apply(s.gpu(gi), +1)
 				slots[i]--
 				pl.gpus = append(pl.gpus, gi)
 			}
@@ -871,10 +936,10 @@ func (s *scratch) assignments(m *Model) []Assignment {
 		n := &s.nodes[p.node]
 		a := Assignment{PodSet: sg.name, Index: idx, Node: n.name}
 		for _, gi := range p.gpus {
-			g := &s.st[gi]
-			u := Usage{UUID: m.info[s.gi[gi]].UUID, MemoryMiB: r.need(g.phys), Cores: r.cores}
+			g := s.gpu(gi)
+			u := Usage{UUID: m.info[gi].UUID, MemoryMiB: r.need(g.phys), Cores: r.cores}
 			if r.excl {
-				u = Usage{UUID: m.info[s.gi[gi]].UUID, MemoryMiB: g.alloc, Cores: 100, Exclusive: true}
+				u = Usage{UUID: m.info[gi].UUID, MemoryMiB: g.alloc, Cores: 100, Exclusive: true}
 			}
 			a.GPUs = append(a.GPUs, u)
 		}

@@ -35,10 +35,11 @@ func (g *gpuState) freeCores() int32 {
 func (g *gpuState) whole() bool { return g.holders == 0 }
 
 type nodeInfo struct {
-	n      *Node // immutable, shared between clones (GPUs not used)
-	lo, hi int32 // range of its GPUs in Model.gpus
-	usable bool  // Ready and schedulable
-	whole  int32 // healthy GPUs with no usage
+	n       *Node // immutable, shared between clones (GPUs not used)
+	lo, hi  int32 // range of its GPUs in Model.gpus
+	usable  bool  // Ready and schedulable
+	whole   int32 // healthy GPUs with no usage
+	freeMiB int64 // free MiB of its healthy GPUs
 }
 
 // Histogram of free MiB per GPU: 4 buckets per power of two, so a bucket's
@@ -94,17 +95,22 @@ type levelIndex struct {
 type Model struct {
 	nodes    []nodeInfo
 	gpus     []gpuState
-	info     []GPU           // immutable, shared between clones
+	info     []GPU            // immutable, shared between clones
 	byUUID   map[string]int32 // immutable, shared between clones
 	levels   map[string]*levelIndex
 	maxGPUs  int
 	warnings []string
+	orders   map[string]*staticOrder // immutable values, shared between clones
+	// Buffers reused by newScratch: one dry run at a time per model.
+	eligBuf []uint64
+	keyBuf  []uint64
+	nodeBuf []snode
 }
 
 // NewModel builds a model with no usage. A GPU UUID seen twice is kept on
 // its first node only (see Warnings).
 func NewModel(nodes []Node) *Model {
-	m := &Model{byUUID: map[string]int32{}, levels: map[string]*levelIndex{}}
+	m := &Model{byUUID: map[string]int32{}, levels: map[string]*levelIndex{}, orders: map[string]*staticOrder{}}
 	nodes = append([]Node(nil), nodes...) // the model keeps pointers into it
 	for i := range nodes {
 		n := &nodes[i]
@@ -119,6 +125,7 @@ func NewModel(nodes []Node) *Model {
 			m.info = append(m.info, g)
 			if g.Healthy {
 				ni.whole++
+				ni.freeMiB += max(0, g.AllocatableMiB)
 			}
 		}
 		ni.hi = int32(len(m.gpus))
@@ -190,6 +197,7 @@ func (m *Model) account(gi int32, sign int32) {
 		return
 	}
 	whole := g.whole()
+	n.freeMiB += int64(sign) * g.free()
 	if n.usable {
 		for _, li := range m.levels {
 			di := li.nodeDomain[g.node]
@@ -280,6 +288,10 @@ func (m *Model) Clone() *Model {
 		levels:   make(map[string]*levelIndex, len(m.levels)),
 		maxGPUs:  m.maxGPUs,
 		warnings: m.warnings,
+		orders:   make(map[string]*staticOrder, len(m.orders)),
+	}
+	for k, v := range m.orders {
+		c.orders[k] = v
 	}
 	for k, li := range m.levels {
 		nl := &levelIndex{nodeDomain: li.nodeDomain, missing: li.missing, domains: make([]*domainAgg, len(li.domains))}

@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
@@ -368,7 +369,11 @@ func TestFitAgreesWithOracle(t *testing.T) {
 			}
 		}
 		o := Options{Level: level, Policy: policies[seed%2], Levels: []string{"rack", "pool"}}
+		before := m.Clone()
 		res := m.Fit(gang, o)
+		if d := cmp.Diff(before.gpus, m.gpus, cmp.AllowUnexported(gpuState{})); d != "" {
+			t.Fatalf("seed %d: Fit changed GPU usage:\n%s", seed, d)
+		}
 		want := oracleFits(nodes, usage, gang, level)
 		if res.Exhausted {
 			t.Fatalf("seed %d: search exhausted on a tiny case", seed)

@@ -23,7 +23,10 @@ func (s *scratch) constraint(j int) string {
 		eligNodes++
 		h := 0
 		for gi := n.lo; gi < n.hi; gi++ {
-			g := &s.st[gi]
+			g := s.gpu(gi)
+			if !g.healthy {
+				continue
+			}
 			if g.whole() {
 				whole++
 			}

@@ -1,0 +1,116 @@
+package fit
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/gpupack/gpupack/flavors"
+)
+
+// fragmented builds nodes × 8 H100s in racks of 50 nodes, where each GPU is
+// in use with probability ½ by one shared holder taking 10–90 % of its
+// allocatable memory and 0–50 % of its SMs.
+func fragmented(nodes int, seed uint64) (*Model, []Node) {
+	rng := rand.New(rand.NewPCG(seed, 1))
+	const phys = 81559
+	alloc := flavors.Allocatable(phys)
+	ns := make([]Node, nodes)
+	for i := range ns {
+		n := Node{Name: fmt.Sprintf("node-%05d", i), Ready: true, Labels: map[string]string{
+			"rack": fmt.Sprintf("rack-%03d", i/50), "kubernetes.io/hostname": fmt.Sprintf("node-%05d", i)}}
+		for j := 0; j < 8; j++ {
+			n.GPUs = append(n.GPUs, GPU{UUID: fmt.Sprintf("GPU-%05d-%d", i, j), Index: j, Model: "NVIDIA H100 80GB HBM3",
+				PhysicalMiB: phys, AllocatableMiB: alloc, Healthy: true})
+		}
+		ns[i] = n
+	}
+	m := NewModel(ns)
+	for _, n := range ns {
+		for _, g := range n.GPUs {
+			if rng.IntN(2) == 0 {
+				_ = m.Use(Usage{UUID: g.UUID, MemoryMiB: alloc * int64(10+rng.IntN(81)) / 100, Cores: int32(rng.IntN(51))})
+			}
+		}
+	}
+	return m, ns
+}
+
+// benchFit times each decision and reports p50/p99/max besides ns/op.
+func benchFit(b *testing.B, m *Model, g Gang, o Options) {
+	first := m.Fit(g, o) // builds the level index once, as a long-lived model would
+	var d []time.Duration
+	b.ResetTimer()
+	for b.Loop() {
+		t0 := time.Now()
+		r := m.Fit(g, o)
+		d = append(d, time.Since(t0))
+		if r.Fits != first.Fits {
+			b.Fatal("decision changed between runs")
+		}
+	}
+	b.StopTimer()
+	slices.Sort(d)
+	q := func(p float64) float64 { return float64(d[int(p*float64(len(d)-1))].Microseconds()) }
+	b.ReportMetric(q(0.5), "p50-µs")
+	b.ReportMetric(q(0.99), "p99-µs")
+	b.ReportMetric(float64(d[len(d)-1].Microseconds()), "max-µs")
+	fits := 0.0
+	if first.Fits {
+		fits = 1
+	}
+	b.ReportMetric(fits, "fits")
+}
+
+func BenchmarkFit(b *testing.B) {
+	gangs := []struct {
+		name string
+		g    Gang
+	}{
+		{"64x1-whole", gang(whole("worker", 64, 1))},
+		{"64x1-20GiB", gang(shared("worker", 64, 1, 20480))},
+		{"16x8-whole", gang(whole("worker", 16, 8))},
+		{"16x8-20GiB", gang(shared("worker", 16, 8, 20480))},
+		{"mixed-1x8whole+16x8-20GiB", gang(whole("master", 1, 8), shared("worker", 16, 8, 20480))},
+	}
+	for _, size := range []struct {
+		name  string
+		nodes int
+	}{{"10kGPU", 1250}, {"100kGPU", 12500}} {
+		m, _ := fragmented(size.nodes, 1)
+		for _, level := range []string{"", "rack"} {
+			for _, gg := range gangs {
+				lv := level
+				if lv == "" {
+					lv = "cluster"
+				}
+				b.Run(fmt.Sprintf("%s/%s/%s", size.name, lv, gg.name), func(b *testing.B) {
+					benchFit(b, m, gg.g, Options{Level: level, Levels: []string{"rack", "kubernetes.io/hostname"}})
+				})
+			}
+		}
+	}
+}
+
+// BenchmarkUse is the cost of keeping the aggregates up to date.
+func BenchmarkUse(b *testing.B) {
+	m, ns := fragmented(1250, 2)
+	m.Fit(gang(whole("w", 1, 1)), Options{Level: "rack"})
+	m.Fit(gang(whole("w", 1, 1)), Options{})
+	u := Usage{UUID: ns[7].GPUs[3].UUID, MemoryMiB: 1000, Cores: 10}
+	for b.Loop() {
+		_ = m.Use(u)
+		m.Release(u)
+	}
+}
+
+// BenchmarkClone is what a controller pays to evaluate on a private copy.
+func BenchmarkClone(b *testing.B) {
+	m, _ := fragmented(1250, 3)
+	m.Fit(gang(whole("w", 1, 1)), Options{Level: "rack"})
+	for b.Loop() {
+		_ = m.Clone()
+	}
+}
