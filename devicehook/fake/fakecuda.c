@@ -1,0 +1,606 @@
+/*
+ * A fake libcuda.so.1 for tests on machines without a GPU. It is a real
+ * shared library loaded by the real dynamic linker, so LD_PRELOAD,
+ * /etc/ld.so.preload, dlsym and cuGetProcAddress behave as with the driver.
+ *
+ *  - Memory is host memory (malloc, or mmap MAP_NORESERVE for big blocks;
+ *    MAP_32BIT for the legacy 32-bit entry points). Every device has
+ *    FAKECUDA_MEM bytes (default 16 GiB) of "physical" memory.
+ *  - Kernels run on a simulated device clock: a device is a serial queue
+ *    whose busy-until time lives in FAKECUDA_STATE (a file shared by the
+ *    processes of a test, or private). A launch of g blocks of function
+ *    "k<N>" occupies the device for g*N ns. The launch queue holds
+ *    QUEUE_NS of work; a launch beyond it blocks, as the real driver does.
+ *  - cuGetProcAddress hands out versioned ABIs like the driver, and
+ *    distinct functions for per-thread-default-stream (_ptsz) requests.
+ *  - fakecuda_* functions expose counters to tests.
+ */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../src/cuda_types.h"
+
+#define EXPORT __attribute__((visibility("default")))
+#define MAXDEV 8
+#define MAXPROC 256
+#define QUEUE_NS 5000000ull
+#define HDR 64
+
+struct fake_ctx {
+	int dev;
+	int primary;
+};
+
+struct clock_state {
+	_Atomic uint64_t busy_until[MAXDEV];
+	struct {
+		_Atomic uint64_t pid;
+		_Atomic uint64_t busy[MAXDEV];
+	} proc[MAXPROC];
+};
+
+static struct {
+	pthread_once_t once;
+	int ndev;
+	uint64_t mem;
+	_Atomic uint64_t used[MAXDEV];
+	_Atomic uint64_t alloc_calls;
+	struct fake_ctx primary[MAXDEV];
+	_Atomic int primary_refs[MAXDEV];
+	struct clock_state *clk;
+	int myproc;
+} F = {.once = PTHREAD_ONCE_INIT};
+
+static __thread struct fake_ctx *cur;
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void fake_init(void)
+{
+	const char *v = getenv("FAKECUDA_DEVICES");
+	F.ndev = v ? atoi(v) : 2;
+	if (F.ndev < 1 || F.ndev > MAXDEV)
+		F.ndev = 2;
+	v = getenv("FAKECUDA_MEM");
+	F.mem = v ? strtoull(v, NULL, 10) : (16ull << 30);
+	for (int i = 0; i < MAXDEV; i++)
+		F.primary[i] = (struct fake_ctx){i, 1};
+	void *m = MAP_FAILED;
+	v = getenv("FAKECUDA_STATE");
+	if (v && *v) {
+		int fd = open(v, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+		if (fd >= 0 && ftruncate(fd, sizeof(struct clock_state)) == 0)
+			m = mmap(NULL, sizeof(struct clock_state), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+		if (fd >= 0)
+			close(fd);
+	}
+	if (m == MAP_FAILED)
+		m = mmap(NULL, sizeof(struct clock_state), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	F.clk = m;
+	F.myproc = -1;
+}
+
+static void init(void) { pthread_once(&F.once, fake_init); }
+
+static int proc_slot(void)
+{
+	uint64_t pid = (uint64_t)getpid();
+	if (F.myproc >= 0 && atomic_load(&F.clk->proc[F.myproc].pid) == pid)
+		return F.myproc;
+	for (int i = 0; i < MAXPROC; i++) {
+		uint64_t z = 0;
+		if (atomic_load(&F.clk->proc[i].pid) == pid ||
+		    atomic_compare_exchange_strong(&F.clk->proc[i].pid, &z, pid)) {
+			F.myproc = i;
+			return i;
+		}
+	}
+	return -1;
+}
+
+/* ---- test introspection -------------------------------------------------- */
+
+EXPORT uint64_t fakecuda_used(int dev) { init(); return dev >= 0 && dev < MAXDEV ? atomic_load(&F.used[dev]) : 0; }
+EXPORT uint64_t fakecuda_alloc_calls(void) { return atomic_load(&F.alloc_calls); }
+EXPORT uint64_t fakecuda_mem(void) { init(); return F.mem; }
+EXPORT int fakecuda_ndev(void) { init(); return F.ndev; }
+/* Cumulative simulated busy ns of every process that launched on dev. */
+EXPORT int fakecuda_busy(int dev, uint64_t *pids, uint64_t *busy, int max)
+{
+	init();
+	int n = 0;
+	for (int i = 0; i < MAXPROC && n < max; i++) {
+		uint64_t p = atomic_load(&F.clk->proc[i].pid);
+		if (p == 0)
+			continue;
+		pids[n] = p;
+		busy[n] = atomic_load(&F.clk->proc[i].busy[dev]);
+		n++;
+	}
+	return n;
+}
+
+/* ---- device, context ------------------------------------------------------ */
+
+EXPORT CUresult cuInit(unsigned int flags) { (void)flags; init(); return CUDA_SUCCESS; }
+EXPORT CUresult cuDriverGetVersion(int *v) { *v = 13000; return CUDA_SUCCESS; }
+EXPORT CUresult cuDeviceGetCount(int *n) { init(); *n = F.ndev; return CUDA_SUCCESS; }
+EXPORT CUresult cuDeviceGet(CUdevice *d, int ord)
+{
+	init();
+	if (ord < 0 || ord >= F.ndev)
+		return CUDA_ERROR_INVALID_VALUE;
+	*d = ord;
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceTotalMem_v2(size_t *b, CUdevice d) { init(); (void)d; *b = F.mem; return CUDA_SUCCESS; }
+EXPORT CUresult cuDeviceTotalMem(unsigned int *b, CUdevice d)
+{
+	init();
+	(void)d;
+	*b = F.mem > 0xffffffffull ? 0xffffffffu : (unsigned)F.mem;
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuCtxGetDevice(CUdevice *d)
+{
+	if (cur == NULL)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	*d = cur->dev;
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuCtxSetCurrent(CUcontext c) { cur = (struct fake_ctx *)c; return CUDA_SUCCESS; }
+EXPORT CUresult cuCtxGetCurrent(CUcontext *c) { *c = (CUcontext)cur; return CUDA_SUCCESS; }
+EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d)
+{
+	init();
+	if (d < 0 || d >= F.ndev)
+		return CUDA_ERROR_INVALID_VALUE;
+	atomic_fetch_add(&F.primary_refs[d], 1);
+	*c = (CUcontext)&F.primary[d];
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d)
+{
+	if (d < 0 || d >= F.ndev || atomic_load(&F.primary_refs[d]) == 0)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	atomic_fetch_sub(&F.primary_refs[d], 1);
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice d) { (void)d; return CUDA_SUCCESS; }
+static CUresult ctx_create(CUcontext *c, CUdevice d)
+{
+	init();
+	if (d < 0 || d >= F.ndev)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct fake_ctx *x = malloc(sizeof *x);
+	x->dev = d;
+	x->primary = 0;
+	cur = x;
+	*c = (CUcontext)x;
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuCtxCreate_v2(CUcontext *c, unsigned f, CUdevice d) { (void)f; return ctx_create(c, d); }
+EXPORT CUresult cuCtxCreate_v3(CUcontext *c, void *p, int n, unsigned f, CUdevice d) { (void)p; (void)n; (void)f; return ctx_create(c, d); }
+EXPORT CUresult cuCtxCreate_v4(CUcontext *c, void *p, unsigned f, CUdevice d) { (void)p; (void)f; return ctx_create(c, d); }
+EXPORT CUresult cuCtxDestroy_v2(CUcontext c)
+{
+	struct fake_ctx *x = (struct fake_ctx *)c;
+	if (x == NULL || x->primary)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	if (cur == x)
+		cur = NULL;
+	free(x);
+	return CUDA_SUCCESS;
+}
+
+/* ---- memory ---------------------------------------------------------------- */
+
+struct hdr {
+	uint64_t size;
+	uint64_t maplen; /* 0 = malloc'd */
+	int dev;
+	int magic;
+};
+#define MAGIC 0x6d656d66
+
+static void *raw_alloc(int dev, uint64_t size, int low32)
+{
+	if (dev < 0 || dev >= F.ndev)
+		return NULL;
+	uint64_t used = atomic_fetch_add(&F.used[dev], size);
+	if (used + size > F.mem) {
+		atomic_fetch_sub(&F.used[dev], size);
+		return NULL;
+	}
+	char *p;
+	uint64_t maplen = 0;
+	if (size <= (1u << 20) && !low32) {
+		p = malloc(size + HDR);
+	} else {
+		maplen = size + HDR;
+		p = mmap(NULL, maplen, PROT_READ | PROT_WRITE,
+			 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | (low32 ? MAP_32BIT : 0), -1, 0);
+		if (p == MAP_FAILED)
+			p = NULL;
+	}
+	if (p == NULL) {
+		atomic_fetch_sub(&F.used[dev], size);
+		return NULL;
+	}
+	struct hdr *h = (struct hdr *)p;
+	*h = (struct hdr){size, maplen, dev, MAGIC};
+	return p + HDR;
+}
+
+static CUresult raw_free(void *q)
+{
+	if (q == NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct hdr *h = (struct hdr *)((char *)q - HDR);
+	if (h->magic != MAGIC)
+		return CUDA_ERROR_INVALID_VALUE;
+	h->magic = 0;
+	atomic_fetch_sub(&F.used[h->dev], h->size);
+	if (h->maplen)
+		munmap(h, h->maplen);
+	else
+		free(h);
+	return CUDA_SUCCESS;
+}
+
+static CUresult alloc_cur(CUdeviceptr *p, uint64_t size, int low32)
+{
+	init();
+	atomic_fetch_add(&F.alloc_calls, 1);
+	if (cur == NULL)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	if (size == 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	void *q = raw_alloc(cur->dev, size, low32);
+	if (q == NULL)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	*p = (CUdeviceptr)(uintptr_t)q;
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) { return alloc_cur(p, n, 0); }
+EXPORT CUresult cuMemAlloc(CUdeviceptr_v1 *p, unsigned int n)
+{
+	CUdeviceptr q;
+	CUresult rc = alloc_cur(&q, n, 1);
+	if (rc == CUDA_SUCCESS)
+		*p = (CUdeviceptr_v1)q;
+	return rc;
+}
+EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t w, size_t h, unsigned e)
+{
+	(void)e;
+	*pitch = (w + 511) & ~(size_t)511;
+	return alloc_cur(p, (uint64_t)*pitch * h, 0);
+}
+EXPORT CUresult cuMemAllocPitch(CUdeviceptr_v1 *p, unsigned *pitch, unsigned w, unsigned h, unsigned e)
+{
+	(void)e;
+	*pitch = (w + 511) & ~511u;
+	CUdeviceptr q;
+	CUresult rc = alloc_cur(&q, (uint64_t)*pitch * h, 1);
+	if (rc == CUDA_SUCCESS)
+		*p = (CUdeviceptr_v1)q;
+	return rc;
+}
+EXPORT CUresult cuMemAllocManaged(CUdeviceptr *p, size_t n, unsigned f) { (void)f; return alloc_cur(p, n, 0); }
+static CUresult alloc_async(CUdeviceptr *p, size_t n, CUstream s) { (void)s; return alloc_cur(p, n, 0); }
+EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, CUstream s) { return alloc_async(p, n, s); }
+EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t n, CUstream s) { return alloc_async(p, n, s); }
+
+struct fake_pool { int dev; };
+EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
+{
+	init();
+	if (!props || props->location.type != CU_MEM_LOCATION_TYPE_DEVICE || props->location.id >= F.ndev)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct fake_pool *fp = malloc(sizeof *fp);
+	fp->dev = props->location.id;
+	*pool = (CUmemoryPool)fp;
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) { free(pool); return CUDA_SUCCESS; }
+static CUresult alloc_pool(CUdeviceptr *p, size_t n, CUmemoryPool pool, CUstream s)
+{
+	(void)s;
+	init();
+	atomic_fetch_add(&F.alloc_calls, 1);
+	if (pool == NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	void *q = raw_alloc(((struct fake_pool *)pool)->dev, n, 0);
+	if (q == NULL)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	*p = (CUdeviceptr)(uintptr_t)q;
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t n, CUmemoryPool pool, CUstream s) { return alloc_pool(p, n, pool, s); }
+EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t n, CUmemoryPool pool, CUstream s) { return alloc_pool(p, n, pool, s); }
+EXPORT CUresult cuMemFree_v2(CUdeviceptr p) { return raw_free((void *)(uintptr_t)p); }
+EXPORT CUresult cuMemFree(CUdeviceptr_v1 p) { return raw_free((void *)(uintptr_t)p); }
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { (void)s; return raw_free((void *)(uintptr_t)p); }
+EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { (void)s; return raw_free((void *)(uintptr_t)p); }
+
+EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t n, const CUmemAllocationProp *prop,
+			    unsigned long long flags)
+{
+	(void)flags;
+	init();
+	atomic_fetch_add(&F.alloc_calls, 1);
+	if (!prop || n == 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	int dev = prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE ? prop->location.id : F.ndev - 1;
+	void *q = raw_alloc(dev, n, 0);
+	if (q == NULL)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	if (prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+		atomic_fetch_sub(&F.used[dev], n); /* host memory: not on any device */
+	*h = (CUmemGenericAllocationHandle)(uintptr_t)q;
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) { return raw_free((void *)(uintptr_t)h); }
+
+static unsigned fmt_bytes(int f)
+{
+	switch (f) {
+	case CU_AD_FORMAT_UNSIGNED_INT8: case CU_AD_FORMAT_SIGNED_INT8: return 1;
+	case CU_AD_FORMAT_UNSIGNED_INT16: case CU_AD_FORMAT_SIGNED_INT16: case CU_AD_FORMAT_HALF: return 2;
+	default: return 4;
+	}
+}
+static uint64_t arr_bytes(size_t w, size_t h, size_t d, int f, unsigned ch)
+{
+	uint64_t row = ((uint64_t)(w ? w : 1) * fmt_bytes(f) * (ch ? ch : 1) + 511) & ~511ull;
+	return row * (h ? h : 1) * (d ? d : 1);
+}
+static CUresult arr_alloc(CUarray *a, uint64_t bytes)
+{
+	CUdeviceptr p;
+	CUresult rc = alloc_cur(&p, bytes, 0);
+	if (rc == CUDA_SUCCESS)
+		*a = (CUarray)(uintptr_t)p;
+	return rc;
+}
+EXPORT CUresult cuArrayCreate_v2(CUarray *a, const CUDA_ARRAY_DESCRIPTOR *d) { return arr_alloc(a, arr_bytes(d->Width, d->Height, 1, d->Format, d->NumChannels)); }
+EXPORT CUresult cuArrayCreate(CUarray *a, const CUDA_ARRAY_DESCRIPTOR_v1 *d) { return arr_alloc(a, arr_bytes(d->Width, d->Height, 1, d->Format, d->NumChannels)); }
+EXPORT CUresult cuArray3DCreate_v2(CUarray *a, const CUDA_ARRAY3D_DESCRIPTOR *d) { return arr_alloc(a, arr_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels)); }
+EXPORT CUresult cuArray3DCreate(CUarray *a, const CUDA_ARRAY3D_DESCRIPTOR_v1 *d) { return arr_alloc(a, arr_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels)); }
+EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *a, const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned levels)
+{
+	uint64_t sum = 0;
+	size_t w = d->Width, h = d->Height, z = d->Depth;
+	for (unsigned l = 0; l < levels; l++) {
+		sum += arr_bytes(w, h, z, d->Format, d->NumChannels);
+		w = w > 1 ? w / 2 : 1;
+		h = h > 1 ? h / 2 : h;
+		z = z > 1 ? z / 2 : z;
+	}
+	return arr_alloc((CUarray *)a, sum);
+}
+EXPORT CUresult cuArrayDestroy(CUarray a) { return raw_free(a); }
+EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray a) { return raw_free(a); }
+
+EXPORT CUresult cuMemGetInfo_v2(size_t *f, size_t *t)
+{
+	if (cur == NULL)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	*t = F.mem;
+	*f = F.mem - atomic_load(&F.used[cur->dev]);
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemGetInfo(unsigned int *f, unsigned int *t)
+{
+	size_t ff, tt;
+	CUresult rc = cuMemGetInfo_v2(&ff, &tt);
+	if (rc == CUDA_SUCCESS) {
+		*f = ff > 0xffffffffull ? 0xffffffffu : (unsigned)ff;
+		*t = tt > 0xffffffffull ? 0xffffffffu : (unsigned)tt;
+	}
+	return rc;
+}
+
+/* ---- kernels on the simulated clock --------------------------------------- */
+
+struct fake_func { uint64_t ns_per_block; };
+struct fake_graph { uint64_t ns; };
+
+EXPORT CUresult cuModuleLoadData(CUmodule *m, const void *image) { (void)image; *m = (CUmodule)(uintptr_t)1; return CUDA_SUCCESS; }
+EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name)
+{
+	(void)m;
+	struct fake_func *ff = malloc(sizeof *ff);
+	ff->ns_per_block = (name && name[0] == 'k') ? strtoull(name + 1, NULL, 10) : 1000;
+	*f = (CUfunction)ff;
+	return CUDA_SUCCESS;
+}
+
+static CUresult run_on_clock(uint64_t ns)
+{
+	init();
+	if (cur == NULL)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	int dev = cur->dev;
+	uint64_t now = now_ns(), bu = atomic_load(&F.clk->busy_until[dev]), start;
+	do {
+		start = bu > now ? bu : now;
+	} while (!atomic_compare_exchange_weak(&F.clk->busy_until[dev], &bu, start + ns));
+	int s = proc_slot();
+	if (s >= 0)
+		atomic_fetch_add(&F.clk->proc[s].busy[dev], ns);
+	uint64_t end = start + ns;
+	if (end > now + QUEUE_NS) {
+		uint64_t wait = end - now - QUEUE_NS;
+		struct timespec ts = {(time_t)(wait / 1000000000ull), (long)(wait % 1000000000ull)};
+		nanosleep(&ts, NULL);
+	}
+	return CUDA_SUCCESS;
+}
+
+static uint64_t fn_ns(CUfunction f) { return f ? ((struct fake_func *)f)->ns_per_block : 1000; }
+
+static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz)
+{
+	return run_on_clock(fn_ns(f) * gx * gy * gz);
+}
+EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+			       unsigned bz, unsigned sh, CUstream s, void **p, void **e)
+{
+	(void)bx; (void)by; (void)bz; (void)sh; (void)s; (void)p; (void)e;
+	return launch(f, gx, gy, gz);
+}
+EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+				    unsigned bz, unsigned sh, CUstream s, void **p, void **e)
+{
+	(void)bx; (void)by; (void)bz; (void)sh; (void)s; (void)p; (void)e;
+	return launch(f, gx, gy, gz);
+}
+EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **p, void **e)
+{
+	(void)p; (void)e;
+	return launch(f, c->gridDimX, c->gridDimY, c->gridDimZ);
+}
+EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **p, void **e)
+{
+	(void)p; (void)e;
+	return launch(f, c->gridDimX, c->gridDimY, c->gridDimZ);
+}
+EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+					  unsigned by, unsigned bz, unsigned sh, CUstream s, void **p)
+{
+	(void)bx; (void)by; (void)bz; (void)sh; (void)s; (void)p;
+	return launch(f, gx, gy, gz);
+}
+EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+					       unsigned by, unsigned bz, unsigned sh, CUstream s, void **p)
+{
+	(void)bx; (void)by; (void)bz; (void)sh; (void)s; (void)p;
+	return launch(f, gx, gy, gz);
+}
+EXPORT CUresult cuGraphCreate(CUgraph *g, unsigned flags) { (void)flags; *g = (CUgraph)(uintptr_t)1; return CUDA_SUCCESS; }
+/* A graph executes for FAKECUDA_GRAPH_NS (default 100 us). */
+EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned long long flags)
+{
+	(void)g; (void)flags;
+	struct fake_graph *fg = malloc(sizeof *fg);
+	const char *v = getenv("FAKECUDA_GRAPH_NS");
+	fg->ns = v ? strtoull(v, NULL, 10) : 100000;
+	*e = (CUgraphExec)fg;
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream s) { (void)s; return run_on_clock(((struct fake_graph *)e)->ns); }
+EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec e, CUstream s) { (void)s; return run_on_clock(((struct fake_graph *)e)->ns); }
+EXPORT CUresult cuCtxSynchronize(void)
+{
+	if (cur == NULL)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	uint64_t bu = atomic_load(&F.clk->busy_until[cur->dev]), now = now_ns();
+	if (bu > now) {
+		struct timespec ts = {(time_t)((bu - now) / 1000000000ull), (long)((bu - now) % 1000000000ull)};
+		nanosleep(&ts, NULL);
+	}
+	return CUDA_SUCCESS;
+}
+
+/* ---- cuGetProcAddress ----------------------------------------------------- */
+
+struct pa {
+	const char *name;
+	int minver;
+	int ptsz;
+	void *fn;
+};
+#define E(n, v, f) {n, v, 0, (void *)f}
+#define P(n, v, f) {n, v, 1, (void *)f}
+EXPORT CUresult cuGetProcAddress_v2(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+EXPORT CUresult cuGetProcAddress(const char *, void **, int, cuuint64_t);
+static const struct pa table[] = {
+	E("cuInit", 2000, cuInit), E("cuDriverGetVersion", 2020, cuDriverGetVersion),
+	E("cuDeviceGet", 2000, cuDeviceGet), E("cuDeviceGetCount", 2000, cuDeviceGetCount),
+	E("cuDeviceTotalMem", 2000, cuDeviceTotalMem), E("cuDeviceTotalMem", 3020, cuDeviceTotalMem_v2),
+	E("cuCtxGetDevice", 2000, cuCtxGetDevice), E("cuCtxSetCurrent", 4000, cuCtxSetCurrent),
+	E("cuCtxGetCurrent", 4000, cuCtxGetCurrent), E("cuCtxSynchronize", 2000, cuCtxSynchronize),
+	E("cuCtxCreate", 3020, cuCtxCreate_v2), E("cuCtxCreate", 11040, cuCtxCreate_v3),
+	E("cuCtxCreate", 12050, cuCtxCreate_v4), E("cuCtxDestroy", 4000, cuCtxDestroy_v2),
+	E("cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain),
+	E("cuDevicePrimaryCtxRelease", 11000, cuDevicePrimaryCtxRelease_v2),
+	E("cuDevicePrimaryCtxReset", 11000, cuDevicePrimaryCtxReset_v2),
+	E("cuMemAlloc", 2000, cuMemAlloc), E("cuMemAlloc", 3020, cuMemAlloc_v2),
+	E("cuMemAllocPitch", 2000, cuMemAllocPitch), E("cuMemAllocPitch", 3020, cuMemAllocPitch_v2),
+	E("cuMemAllocManaged", 6000, cuMemAllocManaged),
+	E("cuMemAllocAsync", 11020, cuMemAllocAsync), P("cuMemAllocAsync", 11020, cuMemAllocAsync_ptsz),
+	E("cuMemAllocFromPoolAsync", 11020, cuMemAllocFromPoolAsync),
+	P("cuMemAllocFromPoolAsync", 11020, cuMemAllocFromPoolAsync_ptsz),
+	E("cuMemPoolCreate", 11020, cuMemPoolCreate), E("cuMemPoolDestroy", 11020, cuMemPoolDestroy),
+	E("cuMemFree", 2000, cuMemFree), E("cuMemFree", 3020, cuMemFree_v2),
+	E("cuMemFreeAsync", 11020, cuMemFreeAsync), P("cuMemFreeAsync", 11020, cuMemFreeAsync_ptsz),
+	E("cuMemCreate", 10020, cuMemCreate), E("cuMemRelease", 10020, cuMemRelease),
+	E("cuArrayCreate", 2000, cuArrayCreate), E("cuArrayCreate", 3020, cuArrayCreate_v2),
+	E("cuArray3DCreate", 2000, cuArray3DCreate), E("cuArray3DCreate", 3020, cuArray3DCreate_v2),
+	E("cuMipmappedArrayCreate", 5000, cuMipmappedArrayCreate),
+	E("cuArrayDestroy", 2000, cuArrayDestroy), E("cuMipmappedArrayDestroy", 5000, cuMipmappedArrayDestroy),
+	E("cuMemGetInfo", 2000, cuMemGetInfo), E("cuMemGetInfo", 3020, cuMemGetInfo_v2),
+	E("cuModuleLoadData", 2000, cuModuleLoadData), E("cuModuleGetFunction", 2000, cuModuleGetFunction),
+	E("cuLaunchKernel", 4000, cuLaunchKernel), P("cuLaunchKernel", 4000, cuLaunchKernel_ptsz),
+	E("cuLaunchKernelEx", 11060, cuLaunchKernelEx), P("cuLaunchKernelEx", 11060, cuLaunchKernelEx_ptsz),
+	E("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel),
+	P("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel_ptsz),
+	E("cuGraphCreate", 10000, cuGraphCreate), E("cuGraphInstantiateWithFlags", 11040, cuGraphInstantiateWithFlags),
+	E("cuGraphLaunch", 10000, cuGraphLaunch), P("cuGraphLaunch", 10000, cuGraphLaunch_ptsz),
+	E("cuGetProcAddress", 11030, cuGetProcAddress), E("cuGetProcAddress", 12000, cuGetProcAddress_v2),
+};
+
+static CUresult pa_lookup(const char *sym, void **pfn, int ver, cuuint64_t flags, CUdriverProcAddressQueryResult *st)
+{
+	const struct pa *best = NULL;
+	int found = 0;
+	int want_ptsz = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
+	for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
+		const struct pa *e = &table[i];
+		if (strcmp(e->name, sym))
+			continue;
+		found = 1;
+		if (e->minver > ver)
+			continue;
+		if (best == NULL || e->minver > best->minver ||
+		    (e->minver == best->minver && e->ptsz == want_ptsz))
+			best = e;
+	}
+	if (best == NULL) {
+		if (st)
+			*st = found ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+		*pfn = NULL;
+		return CUDA_ERROR_NOT_FOUND;
+	}
+	if (st)
+		*st = CU_GET_PROC_ADDRESS_SUCCESS;
+	*pfn = best->fn;
+	return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver, cuuint64_t flags,
+				    CUdriverProcAddressQueryResult *st)
+{
+	return pa_lookup(sym, pfn, ver, flags, st);
+}
+EXPORT CUresult cuGetProcAddress(const char *sym, void **pfn, int ver, cuuint64_t flags)
+{
+	return pa_lookup(sym, pfn, ver, flags, NULL);
+}

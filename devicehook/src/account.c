@@ -1,0 +1,195 @@
+/*
+ * Allocation accounting: which handle holds how many bytes on which device,
+ * and the per-device charge against CUDA_DEVICE_MEMORY_LIMIT[_i].
+ *
+ * The handle table is a lock-free open-addressing hash (linear probing).
+ * A key moves EMPTY -> BUSY (inserter owns the entry) -> handle (published
+ * with release) -> TOMB (the one remover that won the CAS owns it). The
+ * driver never hands out the same live handle twice, so a key is present
+ * at most once. Tombstones are reused by inserts; lookups stop at EMPTY.
+ */
+#include <string.h>
+#include <sys/mman.h>
+
+#include "state.h"
+
+#define K_EMPTY 0ull
+#define K_BUSY 1ull
+#define K_TOMB 2ull
+
+int gp_table_init(struct gp_table *t, unsigned log2cap)
+{
+	size_t n = (size_t)1 << log2cap;
+	/* Anonymous mmap: pages are touched (and cost memory) only when used. */
+	void *m = mmap(NULL, n * sizeof(struct gp_entry), PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (m == MAP_FAILED)
+		return -1;
+	t->e = m;
+	t->mask = n - 1;
+	atomic_store(&t->overflow, 0);
+	return 0;
+}
+
+void gp_table_clear(struct gp_table *t)
+{
+	for (uint64_t i = 0; i <= t->mask; i++)
+		if (atomic_load_explicit(&t->e[i].key, memory_order_relaxed) != K_EMPTY)
+			atomic_store(&t->e[i].key, K_EMPTY);
+}
+
+static inline uint64_t mix(uint64_t k)
+{
+	k ^= k >> 33;
+	k *= 0xff51afd7ed558ccdull;
+	k ^= k >> 33;
+	return k;
+}
+
+int gp_table_put(struct gp_table *t, uint64_t key, int kind, int dev, uint64_t size)
+{
+	if (key <= K_TOMB)
+		return -1;
+	uint64_t i = mix(key) & t->mask;
+	for (uint64_t n = 0; n <= t->mask; n++, i = (i + 1) & t->mask) {
+		struct gp_entry *e = &t->e[i];
+		uint64_t k = atomic_load_explicit(&e->key, memory_order_relaxed);
+		if (k != K_EMPTY && k != K_TOMB)
+			continue;
+		if (!atomic_compare_exchange_strong(&e->key, &k, K_BUSY))
+			continue;
+		e->size = size;
+		e->dev = dev;
+		e->kind = kind;
+		atomic_store_explicit(&e->key, key, memory_order_release);
+		return 0;
+	}
+	atomic_fetch_add(&t->overflow, 1);
+	return -1;
+}
+
+static struct gp_entry *find(struct gp_table *t, uint64_t key, int kind)
+{
+	uint64_t i = mix(key) & t->mask;
+	for (uint64_t n = 0; n <= t->mask; n++, i = (i + 1) & t->mask) {
+		struct gp_entry *e = &t->e[i];
+		uint64_t k = atomic_load_explicit(&e->key, memory_order_acquire);
+		if (k == K_EMPTY)
+			return NULL;
+		if (k == key && e->kind == kind)
+			return e;
+	}
+	return NULL;
+}
+
+int gp_table_get(struct gp_table *t, uint64_t key, int kind, int *dev, uint64_t *size)
+{
+	struct gp_entry *e = find(t, key, kind);
+	if (e == NULL)
+		return 0;
+	*dev = e->dev;
+	*size = e->size;
+	return 1;
+}
+
+int gp_table_take(struct gp_table *t, uint64_t key, int kind, int *dev, uint64_t *size)
+{
+	for (;;) {
+		struct gp_entry *e = find(t, key, kind);
+		if (e == NULL)
+			return 0;
+		int d = e->dev;
+		uint64_t s = e->size;
+		uint64_t k = key;
+		if (atomic_compare_exchange_strong(&e->key, &k, K_TOMB)) {
+			*dev = d;
+			*size = s;
+			return 1;
+		}
+		/* Lost a race with a concurrent free of the same handle (a double
+		 * free in the application): look again; the winner owns it. */
+	}
+}
+
+CUresult gp_charge(int dev, uint64_t size)
+{
+	if (!gp_mem_limited(dev) || size == 0)
+		return CUDA_SUCCESS;
+	if (gp_region_reserve(&gp.region, dev, size, gp.cfg.mem_limit[dev]) == 0)
+		return CUDA_SUCCESS;
+	gp_log(GP_LOG_INFO, "device %d: refusing %llu bytes (used %llu of %llu)", dev,
+	       (unsigned long long)size, (unsigned long long)gp_used(dev),
+	       (unsigned long long)gp.cfg.mem_limit[dev]);
+	return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+void gp_uncharge(int dev, uint64_t size)
+{
+	if (gp_mem_limited(dev) && size != 0)
+		gp_region_release(&gp.region, dev, size);
+}
+
+void gp_track(uint64_t key, int kind, int dev, uint64_t size)
+{
+	if (!gp_mem_limited(dev))
+		return;
+	if (gp_table_put(&gp.table, key, kind, dev, size) != 0)
+		gp_log(GP_LOG_ERROR, "allocation table full; %llu bytes on device %d stay charged until exit",
+		       (unsigned long long)size, dev);
+}
+
+int gp_untrack(uint64_t key, int kind)
+{
+	int dev;
+	uint64_t size;
+	if (!gp_table_take(&gp.table, key, kind, &dev, &size))
+		return 0;
+	gp_uncharge(dev, size);
+	return 1;
+}
+
+uint64_t gp_used(int dev)
+{
+	return gp_region_used(&gp.region, dev);
+}
+
+static unsigned format_bytes(int f)
+{
+	switch (f) {
+	case CU_AD_FORMAT_UNSIGNED_INT8: case CU_AD_FORMAT_SIGNED_INT8: return 1;
+	case CU_AD_FORMAT_UNSIGNED_INT16: case CU_AD_FORMAT_SIGNED_INT16: case CU_AD_FORMAT_HALF: return 2;
+	case CU_AD_FORMAT_UNSIGNED_INT32: case CU_AD_FORMAT_SIGNED_INT32: case CU_AD_FORMAT_FLOAT: return 4;
+	default: return 16; /* newer/compressed formats: overestimate, never under */
+	}
+}
+
+static uint64_t mul_sat(uint64_t a, uint64_t b)
+{
+	if (a != 0 && b > UINT64_MAX / a)
+		return UINT64_MAX;
+	return a * b;
+}
+
+/* Row pitch aligned to 512 bytes, as the driver lays out CUDA arrays; a
+ * slight overestimate is safe, an underestimate would be an accounting gap. */
+uint64_t gp_array_bytes(size_t w, size_t h, size_t d, int format, unsigned ch)
+{
+	uint64_t row = mul_sat(mul_sat(w ? w : 1, format_bytes(format)), ch ? ch : 1);
+	if (row > UINT64_MAX - 511)
+		return UINT64_MAX;
+	row = (row + 511) & ~511ull;
+	return mul_sat(mul_sat(row, h ? h : 1), d ? d : 1);
+}
+
+uint64_t gp_mipmap_bytes(size_t w, size_t h, size_t d, int format, unsigned ch, unsigned levels)
+{
+	uint64_t sum = 0;
+	for (unsigned l = 0; l < levels && l < 64; l++) {
+		uint64_t b = gp_array_bytes(w, h, d, format, ch);
+		sum = sum > UINT64_MAX - b ? UINT64_MAX : sum + b;
+		w = w > 1 ? w / 2 : 1;
+		h = h > 1 ? h / 2 : h;
+		d = d > 1 ? d / 2 : d;
+	}
+	return sum;
+}

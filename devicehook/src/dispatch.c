@@ -1,0 +1,786 @@
+/*
+ * Symbol dispatch: how every CUDA/NVML entry point an application can reach
+ * ends up in our wrapper, and the wrappers themselves.
+ *
+ * Three roads lead to the driver and all three are covered:
+ *  1. Direct linking / LD_PRELOAD / /etc/ld.so.preload: we export every
+ *     wrapped symbol (hooks.def); the dynamic linker binds to ours first.
+ *  2. dlopen("libcuda.so.1") + dlsym(handle, name): dlsym on a handle
+ *     searches that library, not the preload, so we export dlsym too and
+ *     substitute our wrapper when the driver's own symbol was found.
+ *  3. cuGetProcAddress[_v2] (how the CUDA 12/13 runtime finds nearly
+ *     everything): we ask the real driver first, so the caller gets exactly
+ *     the ABI for the version and flags it asked for, then hand back a
+ *     wrapper *instance* bound to that very pointer. Instances are keyed by
+ *     the driver pointer, so legacy and per-thread-stream variants each get
+ *     their own, and nothing depends on guessing which one the driver chose.
+ * Symbols not in hooks.def pass through untouched on every road.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "state.h"
+
+struct gp_state gp = {.once = PTHREAD_ONCE_INIT};
+
+#define UNPAREN(...) __VA_ARGS__
+#define GP_INST 3
+#define GRAPH_COST 256
+enum { LIB_CUDA, LIB_NVML };
+
+struct gp_hook {
+	const char *sym;
+	const char *gpa_name;
+	int min_version;
+	int lib;
+	void *wrapper;
+	void *exported_real;
+	void *inst_wrapper[GP_INST];
+	_Atomic(void *) inst_real[GP_INST];
+};
+
+#define X(sym, impl, gname, minv, lib, P, A) typedef int (*fn_##sym) P;
+#include "hooks.def"
+#undef X
+
+#define X(sym, ...) IDX_##sym,
+enum {
+#include "hooks.def"
+	IDX_COUNT
+};
+#undef X
+
+static struct gp_hook hooks[IDX_COUNT];
+
+#define X(sym, impl, gname, minv, lib, P, A) static int h_##impl(fn_##impl real, UNPAREN P);
+#include "hooks.def"
+#undef X
+
+static pthread_once_t nvml_once = PTHREAD_ONCE_INIT;
+static void nvml_load(void);
+
+/* Exported wrappers: bound to the symbol of the same name in the driver. */
+#define X(sym, impl, gname, minv, lib, P, A)                                              \
+	__attribute__((visibility("default"))) int sym P                                  \
+	{                                                                                 \
+		gp_init();                                                                \
+		if (lib == LIB_NVML)                                                      \
+			pthread_once(&nvml_once, nvml_load);                              \
+		void *r = hooks[IDX_##sym].exported_real;                                 \
+		if (r == NULL)                                                            \
+			return lib == LIB_CUDA ? CUDA_ERROR_NOT_FOUND : 13 /* NVML_ERROR_FUNCTION_NOT_FOUND */; \
+		return h_##impl((fn_##impl)r, UNPAREN A);                                 \
+	}
+#include "hooks.def"
+#undef X
+
+/* cuGetProcAddress instances: bound to whatever pointer the driver returned. */
+#define INST(sym, impl, P, A, i)                                                          \
+	static int sym##__i##i P                                                          \
+	{                                                                                 \
+		return h_##impl((fn_##impl)atomic_load_explicit(&hooks[IDX_##sym].inst_real[i], \
+								memory_order_acquire),    \
+				UNPAREN A);                                               \
+	}
+#define X(sym, impl, gname, minv, lib, P, A) INST(sym, impl, P, A, 0) INST(sym, impl, P, A, 1) INST(sym, impl, P, A, 2)
+#include "hooks.def"
+#undef X
+
+static struct gp_hook hooks[IDX_COUNT] = {
+#define X(sym, impl, gname, minv, lib, P, A) \
+	[IDX_##sym] = {#sym, gname, minv, lib, (void *)sym, NULL, {(void *)sym##__i0, (void *)sym##__i1, (void *)sym##__i2}, {0}},
+#include "hooks.def"
+#undef X
+};
+
+/* ---- initialisation ---------------------------------------------------- */
+
+extern char **environ;
+
+static void resolve_real_dlsym(void)
+{
+	void *f = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+	if (f == NULL)
+		f = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+	gp.real_dlsym = (void *(*)(void *, const char *))f;
+}
+
+static void nvml_load(void)
+{
+	gp.libnvml = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+	if (gp.libnvml == NULL)
+		return;
+	gp.nvml_index = (gp_fn_nvml_index)gp.real_dlsym(gp.libnvml, "nvmlDeviceGetIndex");
+	for (int i = 0; i < IDX_COUNT; i++)
+		if (hooks[i].lib == LIB_NVML)
+			hooks[i].exported_real = gp.real_dlsym(gp.libnvml, hooks[i].sym);
+}
+
+static void atfork_child(void)
+{
+	/* The child owns none of the parent's allocations, contexts or threads. */
+	gp_table_clear(&gp.table);
+	for (int d = 0; d < GP_MAX_DEV; d++)
+		atomic_store(&gp.primary_refs[d], 0);
+	atomic_store(&gp.limiter_started, 0);
+	if (gp.region.shared) {
+		gp.region.slot = -1;
+		gp_region_attach(&gp.region);
+	} else {
+		gp_region_open(&gp.region, NULL);
+		gp_region_attach(&gp.region);
+	}
+}
+
+static void init_once(void)
+{
+	if (gp.real_dlsym == NULL)
+		resolve_real_dlsym();
+	gp_config_from_env(&gp.cfg, environ);
+	gp.libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+	if (gp.libcuda == NULL)
+		gp_log(GP_LOG_WARN, "libcuda.so.1 not found: %s", dlerror());
+	else {
+		gp.ctx_get_device = (gp_fn_ctxgetdevice)gp.real_dlsym(gp.libcuda, "cuCtxGetDevice");
+		for (int i = 0; i < IDX_COUNT; i++)
+			if (hooks[i].lib == LIB_CUDA)
+				hooks[i].exported_real = gp.real_dlsym(gp.libcuda, hooks[i].sym);
+	}
+	if (gp_table_init(&gp.table, 17) != 0)
+		gp_log(GP_LOG_ERROR, "cannot map the allocation table");
+	if (gp_region_open(&gp.region, gp.cfg.shared_cache) != 0 || gp_region_attach(&gp.region) != 0) {
+		gp_log(GP_LOG_ERROR, "no accounting region: memory limits refuse every allocation");
+		for (int d = 0; d < GP_MAX_DEV; d++)
+			if (gp.cfg.mem_limit[d] != GP_UNLIMITED)
+				gp.cfg.mem_limit[d] = 0;
+	}
+	gp_limiter_setup();
+	pthread_atfork(NULL, NULL, atfork_child);
+	atomic_store(&gp.ready, 1);
+	gp_log(GP_LOG_INFO, "initialised (memory limits %s, SM limits %s, shared cache %s)",
+	       gp.cfg.any_mem_limit ? "on" : "off", gp.cfg.any_sm_limit ? "on" : "off",
+	       gp.region.shared ? gp.cfg.shared_cache : "none");
+}
+
+void gp_init(void)
+{
+	pthread_once(&gp.once, init_once);
+}
+
+__attribute__((constructor)) static void gp_ctor(void)
+{
+	if (gp.real_dlsym == NULL)
+		resolve_real_dlsym();
+}
+
+__attribute__((destructor)) static void gp_dtor(void)
+{
+	if (atomic_load(&gp.ready) && gp.region.r && gp.region.pid == getpid())
+		gp_region_detach(&gp.region);
+}
+
+/* ---- helpers ------------------------------------------------------------ */
+
+static inline int mem_on(void)
+{
+	return gp.cfg.any_mem_limit && !gp.cfg.disabled;
+}
+
+static inline int cur_dev(void)
+{
+	CUdevice d;
+	if (gp.ctx_get_device && gp.ctx_get_device(&d) == CUDA_SUCCESS)
+		return d;
+	return -1;
+}
+
+/* After the driver answered an allocation we had charged: keep the charge
+ * and remember the handle, or give the charge back. */
+static CUresult settle(CUresult rc, uint64_t key, int kind, int dev, uint64_t size)
+{
+	if (rc == CUDA_SUCCESS)
+		gp_track(key, kind, dev, size);
+	else
+		gp_uncharge(dev, size);
+	return rc;
+}
+
+/* A free: forget the handle first (so a reused handle cannot collide),
+ * uncharge only once the driver agreed, otherwise put it back. */
+#define FREE_WITH(key, kind, call)                                            \
+	do {                                                                  \
+		int dev_;                                                     \
+		uint64_t size_;                                               \
+		int had_ = mem_on() && gp_table_take(&gp.table, (key), (kind), &dev_, &size_); \
+		CUresult rc_ = (call);                                        \
+		if (had_) {                                                   \
+			if (rc_ == CUDA_SUCCESS)                              \
+				gp_uncharge(dev_, size_);                     \
+			else                                                  \
+				gp_table_put(&gp.table, (key), (kind), dev_, size_); \
+		}                                                             \
+		return rc_;                                                   \
+	} while (0)
+
+static void virtualize(int dev, uint64_t *freep, uint64_t *totalp)
+{
+	uint64_t t = gp.cfg.mem_limit[dev] < *totalp ? gp.cfg.mem_limit[dev] : *totalp;
+	uint64_t used = gp_used(dev);
+	uint64_t f = used >= t ? 0 : t - used;
+	if (f > *freep)
+		f = *freep; /* never report more than is physically free */
+	*totalp = t;
+	*freep = f;
+}
+
+/* ---- memory: allocations ------------------------------------------------ */
+
+static int h_cuMemAlloc_v2(fn_cuMemAlloc_v2 real, CUdeviceptr *dptr, size_t size)
+{
+	int dev;
+	if (!mem_on() || !gp_mem_limited(dev = cur_dev()))
+		return real(dptr, size);
+	CUresult rc = gp_charge(dev, size);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	rc = real(dptr, size);
+	return settle(rc, rc == CUDA_SUCCESS ? *dptr : 0, GP_K_MEM, dev, size);
+}
+
+static int h_cuMemAlloc(fn_cuMemAlloc real, CUdeviceptr_v1 *dptr, unsigned int size)
+{
+	int dev;
+	if (!mem_on() || !gp_mem_limited(dev = cur_dev()))
+		return real(dptr, size);
+	CUresult rc = gp_charge(dev, size);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	rc = real(dptr, size);
+	return settle(rc, rc == CUDA_SUCCESS ? *dptr : 0, GP_K_MEM, dev, size);
+}
+
+/* Pitch is chosen by the driver: charge a 512-byte-aligned estimate first
+ * (so an over-limit request never reaches the driver), then settle on the
+ * real pitch. */
+static CUresult pitch_settle(CUresult rc, CUdeviceptr p, uint64_t pitch, uint64_t h, int dev, uint64_t est,
+			     CUresult (*undo)(CUdeviceptr))
+{
+	if (rc != CUDA_SUCCESS) {
+		gp_uncharge(dev, est);
+		return rc;
+	}
+	uint64_t actual = pitch * (h ? h : 1);
+	if (actual > est && gp_charge(dev, actual - est) != CUDA_SUCCESS) {
+		gp_uncharge(dev, est);
+		undo(p);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	if (actual < est)
+		gp_uncharge(dev, est - actual);
+	gp_track(p, GP_K_MEM, dev, actual);
+	return rc;
+}
+
+static CUresult undo_free_v2(CUdeviceptr p)
+{
+	fn_cuMemFree_v2 f = (fn_cuMemFree_v2)hooks[IDX_cuMemFree_v2].exported_real;
+	return f ? f(p) : CUDA_ERROR_NOT_FOUND;
+}
+
+static CUresult undo_free_v1(CUdeviceptr p)
+{
+	fn_cuMemFree f = (fn_cuMemFree)hooks[IDX_cuMemFree].exported_real;
+	return f ? f((CUdeviceptr_v1)p) : undo_free_v2(p);
+}
+
+static uint64_t pitch_estimate(uint64_t w, uint64_t h)
+{
+	return gp_array_bytes(w, h, 1, CU_AD_FORMAT_UNSIGNED_INT8, 1);
+}
+
+static int h_cuMemAllocPitch_v2(fn_cuMemAllocPitch_v2 real, CUdeviceptr *dptr, size_t *pitch, size_t w, size_t h,
+				unsigned int elem)
+{
+	int dev;
+	if (!mem_on() || !gp_mem_limited(dev = cur_dev()))
+		return real(dptr, pitch, w, h, elem);
+	uint64_t est = pitch_estimate(w, h);
+	CUresult rc = gp_charge(dev, est);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	rc = real(dptr, pitch, w, h, elem);
+	return pitch_settle(rc, rc ? 0 : *dptr, rc ? 0 : *pitch, h, dev, est, undo_free_v2);
+}
+
+static int h_cuMemAllocPitch(fn_cuMemAllocPitch real, CUdeviceptr_v1 *dptr, unsigned int *pitch, unsigned int w,
+			     unsigned int h, unsigned int elem)
+{
+	int dev;
+	if (!mem_on() || !gp_mem_limited(dev = cur_dev()))
+		return real(dptr, pitch, w, h, elem);
+	uint64_t est = pitch_estimate(w, h);
+	CUresult rc = gp_charge(dev, est);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	rc = real(dptr, pitch, w, h, elem);
+	return pitch_settle(rc, rc ? 0 : *dptr, rc ? 0 : *pitch, h, dev, est, undo_free_v1);
+}
+
+static int h_cuMemAllocManaged(fn_cuMemAllocManaged real, CUdeviceptr *dptr, size_t size, unsigned int flags)
+{
+	/* Managed memory can live on the device; charge the current one. */
+	int dev;
+	if (!mem_on() || !gp_mem_limited(dev = cur_dev()))
+		return real(dptr, size, flags);
+	CUresult rc = gp_charge(dev, size);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	rc = real(dptr, size, flags);
+	return settle(rc, rc == CUDA_SUCCESS ? *dptr : 0, GP_K_MEM, dev, size);
+}
+
+static int h_cuMemAllocAsync(fn_cuMemAllocAsync real, CUdeviceptr *dptr, size_t size, CUstream s)
+{
+	int dev;
+	if (!mem_on() || !gp_mem_limited(dev = cur_dev()))
+		return real(dptr, size, s);
+	CUresult rc = gp_charge(dev, size);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	rc = real(dptr, size, s);
+	return settle(rc, rc == CUDA_SUCCESS ? *dptr : 0, GP_K_MEM, dev, size);
+}
+
+static int h_cuMemAllocFromPoolAsync(fn_cuMemAllocFromPoolAsync real, CUdeviceptr *dptr, size_t size,
+				     CUmemoryPool pool, CUstream s)
+{
+	if (!mem_on())
+		return real(dptr, size, pool, s);
+	/* The pool's own device (it may differ from the current context's). */
+	int dev;
+	uint64_t unused;
+	if (!gp_table_get(&gp.table, (uint64_t)(uintptr_t)pool, GP_K_POOL, &dev, &unused))
+		dev = cur_dev();
+	if (!gp_mem_limited(dev))
+		return real(dptr, size, pool, s);
+	CUresult rc = gp_charge(dev, size);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	rc = real(dptr, size, pool, s);
+	return settle(rc, rc == CUDA_SUCCESS ? *dptr : 0, GP_K_MEM, dev, size);
+}
+
+static int h_cuMemCreate(fn_cuMemCreate real, CUmemGenericAllocationHandle *handle, size_t size,
+			 const CUmemAllocationProp *prop, unsigned long long flags)
+{
+	/* VMM: the device is the one named in prop, not the current context's
+	 * (HAMi-core charged the wrong device for off-device creates). Host
+	 * locations are not device memory. */
+	if (!mem_on() || prop == NULL || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+	    !gp_mem_limited(prop->location.id))
+		return real(handle, size, prop, flags);
+	int dev = prop->location.id;
+	CUresult rc = gp_charge(dev, size);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	rc = real(handle, size, prop, flags);
+	return settle(rc, rc == CUDA_SUCCESS ? *handle : 0, GP_K_VMM, dev, size);
+}
+
+static int h_cuArrayCreate_v2(fn_cuArrayCreate_v2 real, CUarray *arr, const CUDA_ARRAY_DESCRIPTOR *d)
+{
+	int dev;
+	if (!mem_on() || d == NULL || !gp_mem_limited(dev = cur_dev()))
+		return real(arr, d);
+	uint64_t size = gp_array_bytes(d->Width, d->Height, 1, d->Format, d->NumChannels);
+	CUresult rc = gp_charge(dev, size);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	rc = real(arr, d);
+	return settle(rc, rc == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*arr : 0, GP_K_ARRAY, dev, size);
+}
+
+static int h_cuArrayCreate(fn_cuArrayCreate real, CUarray *arr, const CUDA_ARRAY_DESCRIPTOR_v1 *d)
+{
+	int dev;
+	if (!mem_on() || d == NULL || !gp_mem_limited(dev = cur_dev()))
+		return real(arr, d);
+	uint64_t size = gp_array_bytes(d->Width, d->Height, 1, d->Format, d->NumChannels);
+	CUresult rc = gp_charge(dev, size);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	rc = real(arr, d);
+	return settle(rc, rc == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*arr : 0, GP_K_ARRAY, dev, size);
+}
+
+static int h_cuArray3DCreate_v2(fn_cuArray3DCreate_v2 real, CUarray *arr, const CUDA_ARRAY3D_DESCRIPTOR *d)
+{
+	int dev;
+	if (!mem_on() || d == NULL || !gp_mem_limited(dev = cur_dev()))
+		return real(arr, d);
+	uint64_t size = gp_array_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels);
+	CUresult rc = gp_charge(dev, size);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	rc = real(arr, d);
+	return settle(rc, rc == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*arr : 0, GP_K_ARRAY, dev, size);
+}
+
+static int h_cuArray3DCreate(fn_cuArray3DCreate real, CUarray *arr, const CUDA_ARRAY3D_DESCRIPTOR_v1 *d)
+{
+	int dev;
+	if (!mem_on() || d == NULL || !gp_mem_limited(dev = cur_dev()))
+		return real(arr, d);
+	uint64_t size = gp_array_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels);
+	CUresult rc = gp_charge(dev, size);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	rc = real(arr, d);
+	return settle(rc, rc == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*arr : 0, GP_K_ARRAY, dev, size);
+}
+
+static int h_cuMipmappedArrayCreate(fn_cuMipmappedArrayCreate real, CUmipmappedArray *arr,
+				    const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int levels)
+{
+	int dev;
+	if (!mem_on() || d == NULL || !gp_mem_limited(dev = cur_dev()))
+		return real(arr, d, levels);
+	uint64_t size = gp_mipmap_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels, levels);
+	CUresult rc = gp_charge(dev, size);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	rc = real(arr, d, levels);
+	return settle(rc, rc == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*arr : 0, GP_K_MIPMAP, dev, size);
+}
+
+static int h_cuMemPoolCreate(fn_cuMemPoolCreate real, CUmemoryPool *pool, const CUmemPoolProps *props)
+{
+	CUresult rc = real(pool, props);
+	if (rc == CUDA_SUCCESS && mem_on() && props && props->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
+		gp_table_put(&gp.table, (uint64_t)(uintptr_t)*pool, GP_K_POOL, props->location.id, 0);
+	return rc;
+}
+
+/* ---- memory: frees ------------------------------------------------------ */
+
+static int h_cuMemFree_v2(fn_cuMemFree_v2 real, CUdeviceptr p) { FREE_WITH(p, GP_K_MEM, real(p)); }
+static int h_cuMemFree(fn_cuMemFree real, CUdeviceptr_v1 p) { FREE_WITH(p, GP_K_MEM, real(p)); }
+static int h_cuMemFreeAsync(fn_cuMemFreeAsync real, CUdeviceptr p, CUstream s) { FREE_WITH(p, GP_K_MEM, real(p, s)); }
+static int h_cuMemRelease(fn_cuMemRelease real, CUmemGenericAllocationHandle h) { FREE_WITH(h, GP_K_VMM, real(h)); }
+static int h_cuArrayDestroy(fn_cuArrayDestroy real, CUarray a)
+{
+	FREE_WITH((uint64_t)(uintptr_t)a, GP_K_ARRAY, real(a));
+}
+static int h_cuMipmappedArrayDestroy(fn_cuMipmappedArrayDestroy real, CUmipmappedArray a)
+{
+	FREE_WITH((uint64_t)(uintptr_t)a, GP_K_MIPMAP, real(a));
+}
+static int h_cuMemPoolDestroy(fn_cuMemPoolDestroy real, CUmemoryPool pool)
+{
+	FREE_WITH((uint64_t)(uintptr_t)pool, GP_K_POOL, real(pool));
+}
+
+/* ---- contexts: the per-context reserve --------------------------------- */
+
+static CUresult ctx_charge(int dev)
+{
+	return (mem_on() && gp.cfg.ctx_reserve) ? gp_charge(dev, gp.cfg.ctx_reserve) : CUDA_SUCCESS;
+}
+
+static CUresult ctx_settle(CUresult rc, CUcontext *ctx, int dev)
+{
+	if (!mem_on() || !gp.cfg.ctx_reserve)
+		return rc;
+	return settle(rc, rc == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*ctx : 0, GP_K_CTX, dev, gp.cfg.ctx_reserve);
+}
+
+static int h_cuCtxCreate_v2(fn_cuCtxCreate_v2 real, CUcontext *ctx, unsigned int flags, CUdevice dev)
+{
+	CUresult rc = ctx_charge(dev);
+	return rc ? rc : ctx_settle(real(ctx, flags, dev), ctx, dev);
+}
+static int h_cuCtxCreate_v3(fn_cuCtxCreate_v3 real, CUcontext *ctx, void *params, int n, unsigned int flags, CUdevice dev)
+{
+	CUresult rc = ctx_charge(dev);
+	return rc ? rc : ctx_settle(real(ctx, params, n, flags, dev), ctx, dev);
+}
+static int h_cuCtxCreate_v4(fn_cuCtxCreate_v4 real, CUcontext *ctx, void *params, unsigned int flags, CUdevice dev)
+{
+	CUresult rc = ctx_charge(dev);
+	return rc ? rc : ctx_settle(real(ctx, params, flags, dev), ctx, dev);
+}
+static int h_cuCtxDestroy_v2(fn_cuCtxDestroy_v2 real, CUcontext ctx)
+{
+	FREE_WITH((uint64_t)(uintptr_t)ctx, GP_K_CTX, real(ctx));
+}
+
+static pthread_mutex_t primary_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int h_cuDevicePrimaryCtxRetain(fn_cuDevicePrimaryCtxRetain real, CUcontext *ctx, CUdevice dev)
+{
+	if (!mem_on() || !gp.cfg.ctx_reserve || !gp_mem_limited(dev))
+		return real(ctx, dev);
+	pthread_mutex_lock(&primary_mu);
+	CUresult rc = CUDA_SUCCESS;
+	int first = atomic_load(&gp.primary_refs[dev]) == 0;
+	if (first)
+		rc = gp_charge(dev, gp.cfg.ctx_reserve);
+	if (rc == CUDA_SUCCESS) {
+		rc = real(ctx, dev);
+		if (rc == CUDA_SUCCESS)
+			atomic_fetch_add(&gp.primary_refs[dev], 1);
+		else if (first)
+			gp_uncharge(dev, gp.cfg.ctx_reserve);
+	}
+	pthread_mutex_unlock(&primary_mu);
+	return rc;
+}
+
+static int h_cuDevicePrimaryCtxRelease_v2(fn_cuDevicePrimaryCtxRelease_v2 real, CUdevice dev)
+{
+	CUresult rc = real(dev);
+	if (rc != CUDA_SUCCESS || !mem_on() || !gp.cfg.ctx_reserve || !gp_mem_limited(dev))
+		return rc;
+	pthread_mutex_lock(&primary_mu);
+	if (atomic_load(&gp.primary_refs[dev]) > 0 && atomic_fetch_sub(&gp.primary_refs[dev], 1) == 1)
+		gp_uncharge(dev, gp.cfg.ctx_reserve);
+	pthread_mutex_unlock(&primary_mu);
+	return rc;
+}
+
+static int h_cuDevicePrimaryCtxReset_v2(fn_cuDevicePrimaryCtxReset_v2 real, CUdevice dev)
+{
+	CUresult rc = real(dev);
+	if (rc != CUDA_SUCCESS || !mem_on() || !gp_mem_limited(dev))
+		return rc;
+	/* Reset frees every allocation in the primary context: drop their
+	 * charges (allocations of this device made in other contexts are rare
+	 * and would be dropped too; that errs on the permissive side only for
+	 * a process that mixes contexts and resets). */
+	for (uint64_t i = 0; i <= gp.table.mask; i++) {
+		struct gp_entry *e = &gp.table.e[i];
+		uint64_t k = atomic_load(&e->key);
+		if (k > 2 && e->dev == dev && (e->kind == GP_K_MEM || e->kind == GP_K_ARRAY || e->kind == GP_K_MIPMAP))
+			gp_untrack(k, e->kind);
+	}
+	return rc;
+}
+
+/* ---- virtualised queries ------------------------------------------------ */
+
+static int h_cuMemGetInfo_v2(fn_cuMemGetInfo_v2 real, size_t *freep, size_t *totalp)
+{
+	CUresult rc = real(freep, totalp);
+	int dev;
+	if (rc != CUDA_SUCCESS || !mem_on() || !freep || !totalp || !gp_mem_limited(dev = cur_dev()))
+		return rc;
+	uint64_t f = *freep, t = *totalp;
+	virtualize(dev, &f, &t);
+	*freep = f;
+	*totalp = t;
+	return rc;
+}
+
+static int h_cuMemGetInfo(fn_cuMemGetInfo real, unsigned int *freep, unsigned int *totalp)
+{
+	CUresult rc = real(freep, totalp);
+	int dev;
+	if (rc != CUDA_SUCCESS || !mem_on() || !freep || !totalp || !gp_mem_limited(dev = cur_dev()))
+		return rc;
+	uint64_t f = *freep, t = *totalp;
+	virtualize(dev, &f, &t);
+	*freep = (unsigned int)f;
+	*totalp = (unsigned int)t;
+	return rc;
+}
+
+static int h_cuDeviceTotalMem_v2(fn_cuDeviceTotalMem_v2 real, size_t *bytes, CUdevice dev)
+{
+	CUresult rc = real(bytes, dev);
+	if (rc == CUDA_SUCCESS && mem_on() && bytes && gp_mem_limited(dev) && gp.cfg.mem_limit[dev] < *bytes)
+		*bytes = gp.cfg.mem_limit[dev];
+	return rc;
+}
+
+static int h_cuDeviceTotalMem(fn_cuDeviceTotalMem real, unsigned int *bytes, CUdevice dev)
+{
+	CUresult rc = real(bytes, dev);
+	if (rc == CUDA_SUCCESS && mem_on() && bytes && gp_mem_limited(dev) && gp.cfg.mem_limit[dev] < *bytes)
+		*bytes = (unsigned int)gp.cfg.mem_limit[dev];
+	return rc;
+}
+
+static int nvml_dev(nvmlDevice_t d)
+{
+	unsigned int idx;
+	if (gp.nvml_index == NULL || gp.nvml_index(d, &idx) != NVML_SUCCESS || idx >= GP_MAX_DEV)
+		return -1;
+	return (int)idx;
+}
+
+static void nvml_virtualize(int dev, unsigned long long *total, unsigned long long *freep, unsigned long long *used)
+{
+	uint64_t f = *freep, t = *total;
+	virtualize(dev, &f, &t);
+	uint64_t u = gp_used(dev);
+	*total = t;
+	*freep = f;
+	*used = u > t ? t : u;
+}
+
+static int h_nvmlDeviceGetMemoryInfo(fn_nvmlDeviceGetMemoryInfo real, nvmlDevice_t d, nvmlMemory_t *m)
+{
+	int rc = real(d, m);
+	int dev;
+	if (rc == NVML_SUCCESS && mem_on() && m && gp_mem_limited(dev = nvml_dev(d)))
+		nvml_virtualize(dev, &m->total, &m->free, &m->used);
+	return rc;
+}
+
+static int h_nvmlDeviceGetMemoryInfo_v2(fn_nvmlDeviceGetMemoryInfo_v2 real, nvmlDevice_t d, nvmlMemory_v2_t *m)
+{
+	int rc = real(d, m);
+	int dev;
+	if (rc == NVML_SUCCESS && mem_on() && m && gp_mem_limited(dev = nvml_dev(d))) {
+		nvml_virtualize(dev, &m->total, &m->free, &m->used);
+		m->reserved = 0; /* total = used + free inside the container */
+	}
+	return rc;
+}
+
+/* ---- launches: the SM limiter ------------------------------------------ */
+
+static inline uint64_t blocks(unsigned gx, unsigned gy, unsigned gz)
+{
+	return (uint64_t)gx * gy * gz;
+}
+
+/* The fast path is the relaxed load; everything else is off the hot path. */
+#define THROTTLE(cost)                                                                 \
+	do {                                                                           \
+		if (__builtin_expect(atomic_load_explicit(&gp.sm_active, memory_order_relaxed), 0)) \
+			gp_limiter_admit(cur_dev(), (cost));                           \
+	} while (0)
+
+static int h_cuLaunchKernel(fn_cuLaunchKernel real, CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+			    unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem, CUstream s,
+			    void **params, void **extra)
+{
+	THROTTLE(blocks(gx, gy, gz));
+	return real(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
+}
+
+static int h_cuLaunchKernelEx(fn_cuLaunchKernelEx real, const CUlaunchConfig *cfg, CUfunction f, void **params,
+			      void **extra)
+{
+	THROTTLE(cfg ? blocks(cfg->gridDimX, cfg->gridDimY, cfg->gridDimZ) : 1);
+	return real(cfg, f, params, extra);
+}
+
+static int h_cuLaunchCooperativeKernel(fn_cuLaunchCooperativeKernel real, CUfunction f, unsigned int gx,
+				       unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by,
+				       unsigned int bz, unsigned int shmem, CUstream s, void **params)
+{
+	THROTTLE(blocks(gx, gy, gz));
+	return real(f, gx, gy, gz, bx, by, bz, shmem, s, params);
+}
+
+static int h_cuGraphLaunch(fn_cuGraphLaunch real, CUgraphExec g, CUstream s)
+{
+	THROTTLE(GRAPH_COST);
+	return real(g, s);
+}
+
+/* ---- cuGetProcAddress ---------------------------------------------------- */
+
+static struct gp_hook *gpa_entry(const char *symbol, int ver)
+{
+	struct gp_hook *best = NULL;
+	for (int i = 0; i < IDX_COUNT; i++) {
+		struct gp_hook *h = &hooks[i];
+		if (h->gpa_name && h->min_version <= ver && !strcmp(h->gpa_name, symbol) &&
+		    (best == NULL || h->min_version > best->min_version))
+			best = h;
+	}
+	return best;
+}
+
+static void *gpa_instance(struct gp_hook *h, void *realfn)
+{
+	for (int i = 0; i < GP_INST; i++) {
+		void *cur = atomic_load(&h->inst_real[i]);
+		if (cur == realfn)
+			return h->inst_wrapper[i];
+		if (cur == NULL) {
+			if (atomic_compare_exchange_strong(&h->inst_real[i], &cur, realfn) || cur == realfn)
+				return h->inst_wrapper[i];
+		}
+	}
+	gp_log(GP_LOG_ERROR, "%s: more than %d driver variants; sharing instance 0", h->sym, GP_INST);
+	return h->inst_wrapper[0];
+}
+
+static CUresult gpa_wrap(CUresult rc, const char *symbol, void **pfn, int ver)
+{
+	if (rc != CUDA_SUCCESS || pfn == NULL || *pfn == NULL || symbol == NULL || gp.cfg.disabled)
+		return rc;
+	struct gp_hook *h = gpa_entry(symbol, ver);
+	if (h == NULL)
+		return rc; /* not ours: the driver's pointer, untouched */
+	for (int i = 0; i < IDX_COUNT; i++)
+		if (*pfn == hooks[i].wrapper)
+			return rc; /* the driver's table resolved to our export already */
+	if (h == &hooks[IDX_cuGetProcAddress_v2] || h == &hooks[IDX_cuGetProcAddress]) {
+		*pfn = h->wrapper; /* our own resolver, so later look-ups stay covered */
+		return rc;
+	}
+	*pfn = gpa_instance(h, *pfn);
+	return rc;
+}
+
+static int h_cuGetProcAddress_v2(fn_cuGetProcAddress_v2 real, const char *symbol, void **pfn, int ver,
+				 cuuint64_t flags, CUdriverProcAddressQueryResult *status)
+{
+	return gpa_wrap(real(symbol, pfn, ver, flags, status), symbol, pfn, ver);
+}
+
+static int h_cuGetProcAddress(fn_cuGetProcAddress real, const char *symbol, void **pfn, int ver, cuuint64_t flags)
+{
+	return gpa_wrap(real(symbol, pfn, ver, flags), symbol, pfn, ver);
+}
+
+/* ---- dlsym ------------------------------------------------------------- */
+
+static struct gp_hook *by_symbol(const char *name)
+{
+	for (int i = 0; i < IDX_COUNT; i++)
+		if (!strcmp(hooks[i].sym, name))
+			return &hooks[i];
+	return NULL;
+}
+
+__attribute__((visibility("default"))) void *dlsym(void *handle, const char *name)
+{
+	if (gp.real_dlsym == NULL)
+		resolve_real_dlsym();
+	/* RTLD_NEXT is relative to the caller: a tail call keeps the caller's
+	 * return address, which is how glibc finds it. Names that are not
+	 * ours take the same road. */
+	if (handle == RTLD_NEXT ||
+	    !((name[0] == 'c' && name[1] == 'u') || !strncmp(name, "nvml", 4)))
+		return gp.real_dlsym(handle, name);
+	void *r = gp.real_dlsym(handle, name);
+	struct gp_hook *h;
+	if (r == NULL || (h = by_symbol(name)) == NULL)
+		return r;
+	gp_init();
+	if (h->lib == LIB_NVML)
+		pthread_once(&nvml_once, nvml_load);
+	if (gp.cfg.disabled)
+		return r;
+	return (r == h->exported_real || r == h->wrapper) ? h->wrapper : r;
+}

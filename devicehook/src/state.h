@@ -1,0 +1,174 @@
+/*
+ * The one state struct of the hook and the interfaces between its files:
+ *   config.c   environment contract, parsed once; logging
+ *   region.c   the shared accounting region (per-process slots)
+ *   account.c  allocation tracking and limit checks per device
+ *   limiter.c  the SM limiter (token bucket + utilisation feedback)
+ *   dispatch.c exported cu* and nvml* wrappers, cuGetProcAddress, dlsym
+ * Nothing outside `gp` is mutable global state.
+ */
+#ifndef GPUPACK_STATE_H
+#define GPUPACK_STATE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "cuda_types.h"
+
+#define GP_MAX_DEV 16
+#define GP_UNLIMITED UINT64_MAX
+
+enum { GP_LOG_ERROR = 0, GP_LOG_WARN = 1, GP_LOG_INFO = 3, GP_LOG_DEBUG = 4 };
+
+/* ---- config.c ---------------------------------------------------------- */
+
+struct gp_config {
+	uint64_t mem_limit[GP_MAX_DEV]; /* bytes; GP_UNLIMITED when unset */
+	int sm_limit[GP_MAX_DEV];       /* percent 1..99; 0 = not throttled */
+	uint64_t ctx_reserve;           /* bytes charged per CUDA context */
+	unsigned sm_period_ms;          /* limiter control period */
+	int log_level;
+	int disabled;                   /* CUDA_DISABLE_CONTROL */
+	int any_mem_limit;
+	int any_sm_limit;
+	char shared_cache[1024];        /* "" = private accounting */
+};
+
+/* Pure parsers (fuzzed). Return 0 on success, -1 on malformed input. */
+int gp_parse_size(const char *s, uint64_t *out);
+int gp_parse_percent(const char *s, int *out);
+int gp_parse_bool(const char *s, int *out);
+/* Fills c from an environ-style array. Every malformed value is reported
+ * through the log at ERROR level and replaced by its safe fallback. */
+void gp_config_from_env(struct gp_config *c, char *const *envp);
+void gp_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ---- region.c ---------------------------------------------------------- */
+
+struct gp_region; /* the mmap'd layout, private to region.c */
+
+struct gp_region_handle {
+	struct gp_region *r;
+	int slot;        /* our slot index, -1 when detached */
+	pid_t pid;       /* pid that owns `slot` (fork changes it) */
+	int shared;      /* backed by CUDA_DEVICE_MEMORY_SHARED_CACHE */
+};
+
+int gp_region_open(struct gp_region_handle *h, const char *path);
+int gp_region_attach(struct gp_region_handle *h);
+void gp_region_detach(struct gp_region_handle *h);
+uint64_t gp_region_used(struct gp_region_handle *h, int dev);
+int gp_region_reserve(struct gp_region_handle *h, int dev, uint64_t size, uint64_t limit);
+void gp_region_release(struct gp_region_handle *h, int dev, uint64_t size);
+int gp_region_reclaim_dead(struct gp_region_handle *h);
+int gp_region_pids(struct gp_region_handle *h, pid_t *out, int max);
+
+/* ---- account.c --------------------------------------------------------- */
+
+enum gp_kind { GP_K_MEM = 1, GP_K_VMM, GP_K_ARRAY, GP_K_MIPMAP, GP_K_CTX, GP_K_POOL };
+
+struct gp_entry {
+	_Atomic uint64_t key; /* 0 empty, 1 busy, 2 tombstone, else the handle */
+	uint64_t size;
+	int32_t dev;
+	int32_t kind;
+};
+
+struct gp_table {
+	struct gp_entry *e;
+	uint64_t mask;
+	_Atomic uint64_t overflow; /* inserts that found no room (logged) */
+};
+
+int gp_table_init(struct gp_table *t, unsigned log2cap);
+void gp_table_clear(struct gp_table *t);
+int gp_table_put(struct gp_table *t, uint64_t key, int kind, int dev, uint64_t size);
+int gp_table_take(struct gp_table *t, uint64_t key, int kind, int *dev, uint64_t *size);
+int gp_table_get(struct gp_table *t, uint64_t key, int kind, int *dev, uint64_t *size);
+
+/* Charge `size` bytes on dev against its limit: CUDA_SUCCESS or
+ * CUDA_ERROR_OUT_OF_MEMORY. Uncharged devices (no limit) always succeed. */
+CUresult gp_charge(int dev, uint64_t size);
+void gp_uncharge(int dev, uint64_t size);
+/* Track an allocation after the driver succeeded (charge already made). */
+void gp_track(uint64_t key, int kind, int dev, uint64_t size);
+/* Forget an allocation; uncharges it. Returns 1 if it was tracked. */
+int gp_untrack(uint64_t key, int kind);
+uint64_t gp_used(int dev);
+static inline int gp_mem_limited(int dev);
+
+/* Array byte sizes as the driver lays them out (estimate; see account.c). */
+uint64_t gp_array_bytes(size_t w, size_t h, size_t d, int format, unsigned ch);
+uint64_t gp_mipmap_bytes(size_t w, size_t h, size_t d, int format, unsigned ch, unsigned levels);
+
+/* ---- limiter.c --------------------------------------------------------- */
+
+struct gp_limiter {
+	int target;            /* percent; 0 = off */
+	pthread_mutex_t mu;
+	double rate;           /* cost units per second; 0 = not calibrated */
+	double tokens;
+	uint64_t last_ns;
+	_Atomic uint64_t launched; /* cost admitted since the last control tick */
+	_Atomic int waited;        /* a launch waited since the last tick */
+	unsigned long long last_sample_us;
+};
+
+void gp_limiter_setup(void);
+void gp_limiter_admit(int dev, uint64_t cost);
+/* One control step; exposed for tests of the controller. */
+double gp_limiter_next_rate(double rate, double target, double util, double observed, int waited);
+
+/* ---- the state --------------------------------------------------------- */
+
+typedef CUresult (*gp_fn_ctxgetdevice)(CUdevice *);
+typedef nvmlReturn_t (*gp_fn_nvml_index)(nvmlDevice_t, unsigned int *);
+typedef nvmlReturn_t (*gp_fn_nvml_procutil)(nvmlDevice_t, nvmlProcessUtilizationSample_t *,
+					   unsigned int *, unsigned long long);
+typedef nvmlReturn_t (*gp_fn_nvml_util)(nvmlDevice_t, nvmlUtilization_t *);
+typedef nvmlReturn_t (*gp_fn_nvml_byindex)(unsigned int, nvmlDevice_t *);
+typedef nvmlReturn_t (*gp_fn_nvml_init)(void);
+
+struct gp_state {
+	pthread_once_t once;
+	_Atomic int ready;
+	struct gp_config cfg;
+	void *(*real_dlsym)(void *, const char *);
+	void *libcuda;
+	void *libnvml;
+	gp_fn_ctxgetdevice ctx_get_device;
+	gp_fn_nvml_index nvml_index;
+	gp_fn_nvml_procutil nvml_procutil;
+	gp_fn_nvml_util nvml_util;
+	gp_fn_nvml_byindex nvml_byindex;
+	gp_fn_nvml_init nvml_init;
+	struct gp_region_handle region;
+	struct gp_table table;
+	_Atomic int primary_refs[GP_MAX_DEV];
+	_Atomic int sm_active; /* any device throttled: launches take the slow path */
+	struct gp_limiter lim[GP_MAX_DEV];
+	pthread_t limiter_thread;
+	_Atomic int limiter_started;
+};
+
+extern struct gp_state gp;
+
+void gp_init(void); /* idempotent; cheap after the first call */
+
+static inline int gp_mem_limited(int dev)
+{
+	return dev >= 0 && dev < GP_MAX_DEV && gp.cfg.mem_limit[dev] != GP_UNLIMITED;
+}
+
+static inline uint64_t gp_now_ns(void);
+#include <time.h>
+static inline uint64_t gp_now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+#endif

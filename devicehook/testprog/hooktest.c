@@ -1,0 +1,485 @@
+/*
+ * Test driver for devicehook. It resolves the driver API one of the ways
+ * real programs do, then runs one scenario and prints key=value results
+ * for the Go tests to check:
+ *   direct    link-time symbols (bound by the dynamic linker: LD_PRELOAD)
+ *   dlsym     dlopen("libcuda.so.1") + dlsym, as older runtimes do
+ *   gpa       dlopen + dlsym("cuGetProcAddress_v2") + look-ups, as the
+ *             CUDA 12/13 runtime does (version 12080, default stream)
+ *   gpa-ptsz  the same with CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
+ *   gpa-v1    the legacy cuGetProcAddress (4 arguments), version 11030
+ * Usage: hooktest MODE COMMAND [ARGS...]  (see main)
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../src/cuda_types.h"
+
+/* Link-time symbols (libcuda.so.1 and libnvidia-ml.so.1 from build/fake). */
+#define DECL(ret, name, params) ret name params;
+#include "api.def"
+#undef DECL
+
+#define DECL(ret, name, params) ret(*p_##name) params;
+static struct {
+#include "api.def"
+} A;
+#undef DECL
+
+static uint64_t (*fake_used)(int);
+static uint64_t (*fake_calls)(void);
+static int (*fake_busy)(int, uint64_t *, uint64_t *, int);
+static const char *mode;
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void die(const char *what, int rc)
+{
+	fprintf(stderr, "hooktest: %s failed: %d\n", what, rc);
+	exit(3);
+}
+
+/* Name a versioned symbol resolves to through cuGetProcAddress. */
+static const char *base_of(const char *sym, char *buf, size_t n)
+{
+	snprintf(buf, n, "%s", sym);
+	char *v = strstr(buf, "_v");
+	if (v && v[2] >= '2' && v[2] <= '9' && v[3] == '\0')
+		*v = '\0';
+	return buf;
+}
+
+static void resolve(void)
+{
+	void *cu = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+	void *nv = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+	if (!cu || !nv)
+		die("dlopen", 0);
+	fake_used = (uint64_t(*)(int))dlsym(cu, "fakecuda_used");
+	fake_calls = (uint64_t(*)(void))dlsym(cu, "fakecuda_alloc_calls");
+	fake_busy = (int (*)(int, uint64_t *, uint64_t *, int))dlsym(cu, "fakecuda_busy");
+	if (!strcmp(mode, "direct")) {
+#define DECL(ret, name, params) A.p_##name = name;
+#include "api.def"
+#undef DECL
+		return;
+	}
+	/* NVML has no cuGetProcAddress: it is always found by dlsym. */
+#define DECL(ret, name, params) \
+	if (!strncmp(#name, "nvml", 4)) A.p_##name = (ret(*) params)dlsym(nv, #name);
+#include "api.def"
+#undef DECL
+	if (!strcmp(mode, "dlsym")) {
+#define DECL(ret, name, params) \
+	if (strncmp(#name, "nvml", 4)) A.p_##name = (ret(*) params)dlsym(cu, #name);
+#include "api.def"
+#undef DECL
+		return;
+	}
+	int ver = 12080;
+	cuuint64_t flags = CU_GET_PROC_ADDRESS_DEFAULT;
+	CUresult (*gpa2)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *) = NULL;
+	CUresult (*gpa1)(const char *, void **, int, cuuint64_t) = NULL;
+	if (!strcmp(mode, "gpa-v1")) {
+		gpa1 = (CUresult(*)(const char *, void **, int, cuuint64_t))dlsym(cu, "cuGetProcAddress");
+		ver = 11030;
+	} else {
+		gpa2 = (CUresult(*)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *))dlsym(
+			cu, "cuGetProcAddress_v2");
+		if (!strcmp(mode, "gpa-ptsz"))
+			flags = CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
+	}
+	if (!gpa1 && !gpa2)
+		die("dlsym cuGetProcAddress", 0);
+	char buf[128];
+	void *fn;
+	CUdriverProcAddressQueryResult st;
+#define DECL(ret, name, params)                                                                    \
+	if (strncmp(#name, "nvml", 4)) {                                                           \
+		fn = NULL;                                                                         \
+		const char *b = base_of(#name, buf, sizeof buf);                                   \
+		/* Legacy (v1) ABIs are what an old cudaVersion gets. */                           \
+		int v = ver;                                                                       \
+		if (!strcmp(#name, "cuMemAlloc") || !strcmp(#name, "cuMemAllocPitch") ||          \
+		    !strcmp(#name, "cuArrayCreate") || !strcmp(#name, "cuArray3DCreate") ||       \
+		    !strcmp(#name, "cuMemFree") || !strcmp(#name, "cuMemGetInfo") ||              \
+		    !strcmp(#name, "cuDeviceTotalMem"))                                            \
+			v = 3000;                                                                  \
+		if (gpa2)                                                                          \
+			gpa2(b, &fn, v, flags, &st);                                               \
+		else                                                                               \
+			gpa1(b, &fn, v, flags);                                                    \
+		A.p_##name = (ret(*) params)fn;                                                    \
+	}
+#include "api.def"
+#undef DECL
+}
+
+static void ctx(int dev)
+{
+	CUcontext c;
+	int rc;
+	if ((rc = A.p_cuInit(0)) != 0)
+		die("cuInit", rc);
+	if ((rc = A.p_cuDevicePrimaryCtxRetain(&c, dev)) != 0)
+		die("cuDevicePrimaryCtxRetain", rc);
+	if ((rc = A.p_cuCtxSetCurrent(c)) != 0)
+		die("cuCtxSetCurrent", rc);
+}
+
+/* ---- allocation families ----------------------------------------------- */
+
+struct fam {
+	const char *name;
+	CUresult (*alloc)(uint64_t chunk, uint64_t *handle);
+	CUresult (*release)(uint64_t handle);
+};
+
+static void *pool;
+static CUresult a_mem(uint64_t n, uint64_t *h) { CUdeviceptr p; CUresult rc = A.p_cuMemAlloc_v2(&p, n); *h = p; return rc; }
+static CUresult f_mem(uint64_t h) { return A.p_cuMemFree_v2(h); }
+static CUresult a_mem1(uint64_t n, uint64_t *h) { CUdeviceptr_v1 p; CUresult rc = A.p_cuMemAlloc(&p, (unsigned)n); *h = p; return rc; }
+static CUresult f_mem1(uint64_t h) { return A.p_cuMemFree((CUdeviceptr_v1)h); }
+static CUresult a_pitch(uint64_t n, uint64_t *h) { CUdeviceptr p; size_t pitch; CUresult rc = A.p_cuMemAllocPitch_v2(&p, &pitch, 1000, n / 1024, 4); *h = p; return rc; }
+static CUresult a_pitch1(uint64_t n, uint64_t *h) { CUdeviceptr_v1 p; unsigned pitch; CUresult rc = A.p_cuMemAllocPitch(&p, &pitch, 1000, (unsigned)(n / 1024), 4); *h = p; return rc; }
+static CUresult a_managed(uint64_t n, uint64_t *h) { CUdeviceptr p; CUresult rc = A.p_cuMemAllocManaged(&p, n, 1); *h = p; return rc; }
+static CUresult a_async(uint64_t n, uint64_t *h) { CUdeviceptr p; CUresult rc = A.p_cuMemAllocAsync(&p, n, NULL); *h = p; return rc; }
+static CUresult f_async(uint64_t h) { return A.p_cuMemFreeAsync(h, NULL); }
+static CUresult a_pool(uint64_t n, uint64_t *h) { CUdeviceptr p; CUresult rc = A.p_cuMemAllocFromPoolAsync(&p, n, pool, NULL); *h = p; return rc; }
+static int vmm_dev;
+static CUresult a_vmm(uint64_t n, uint64_t *h)
+{
+	CUmemAllocationProp prop;
+	memset(&prop, 0, sizeof prop);
+	prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+	prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	prop.location.id = vmm_dev;
+	CUmemGenericAllocationHandle g;
+	CUresult rc = A.p_cuMemCreate(&g, n, &prop, 0);
+	*h = g;
+	return rc;
+}
+static CUresult f_vmm(uint64_t h) { return A.p_cuMemRelease(h); }
+static CUresult a_array(uint64_t n, uint64_t *h) { CUarray a; CUDA_ARRAY_DESCRIPTOR d = {1024, n / 4096, CU_AD_FORMAT_FLOAT, 1}; CUresult rc = A.p_cuArrayCreate_v2(&a, &d); *h = (uint64_t)(uintptr_t)a; return rc; }
+static CUresult a_array1(uint64_t n, uint64_t *h) { CUarray a; CUDA_ARRAY_DESCRIPTOR_v1 d = {1024, (unsigned)(n / 4096), CU_AD_FORMAT_FLOAT, 1}; CUresult rc = A.p_cuArrayCreate(&a, &d); *h = (uint64_t)(uintptr_t)a; return rc; }
+static CUresult a_array3d(uint64_t n, uint64_t *h) { CUarray a; CUDA_ARRAY3D_DESCRIPTOR d = {512, 16, n / (16 * 4096), CU_AD_FORMAT_UNSIGNED_INT16, 4, 0}; CUresult rc = A.p_cuArray3DCreate_v2(&a, &d); *h = (uint64_t)(uintptr_t)a; return rc; }
+static CUresult a_array3d1(uint64_t n, uint64_t *h) { CUarray a; CUDA_ARRAY3D_DESCRIPTOR_v1 d = {512, 16, (unsigned)(n / (16 * 4096)), CU_AD_FORMAT_UNSIGNED_INT16, 4, 0}; CUresult rc = A.p_cuArray3DCreate(&a, &d); *h = (uint64_t)(uintptr_t)a; return rc; }
+static CUresult f_array(uint64_t h) { return A.p_cuArrayDestroy((CUarray)(uintptr_t)h); }
+/* Mipmap: 2 levels of 1024x(n/4096/... ) floats: level 0 is 3/4 of chunk, level 1 a quarter... sized so the total is the chunk. */
+static CUresult a_mipmap(uint64_t n, uint64_t *h)
+{
+	CUmipmappedArray a;
+	/* Level 0: 1024 x H floats = 4096*H bytes; level 1: 512 x H/2 floats = 1024*H. Total 5120*H. */
+	CUDA_ARRAY3D_DESCRIPTOR d = {1024, n / 5120, 0, CU_AD_FORMAT_FLOAT, 1, 0};
+	CUresult rc = A.p_cuMipmappedArrayCreate(&a, &d, 2);
+	*h = (uint64_t)(uintptr_t)a;
+	return rc;
+}
+static CUresult f_mipmap(uint64_t h) { return A.p_cuMipmappedArrayDestroy((CUmipmappedArray)(uintptr_t)h); }
+
+static const struct fam fams[] = {
+	{"mem", a_mem, f_mem},         {"mem_v1", a_mem1, f_mem1},     {"pitch", a_pitch, f_mem},
+	{"pitch_v1", a_pitch1, f_mem1}, {"managed", a_managed, f_mem}, {"async", a_async, f_async},
+	{"pool", a_pool, f_async},     {"vmm", a_vmm, f_vmm},          {"array", a_array, f_array},
+	{"array_v1", a_array1, f_array}, {"array3d", a_array3d, f_array}, {"array3d_v1", a_array3d1, f_array},
+	{"mipmap", a_mipmap, f_mipmap},
+};
+
+static const struct fam *find_fam(const char *name)
+{
+	for (size_t i = 0; i < sizeof fams / sizeof fams[0]; i++)
+		if (!strcmp(fams[i].name, name))
+			return &fams[i];
+	fprintf(stderr, "unknown family %s\n", name);
+	exit(2);
+}
+
+#define MAXH 100000
+static uint64_t handles[MAXH];
+
+static void setup_family(const struct fam *f, int dev)
+{
+	ctx(dev);
+	vmm_dev = getenv("HOOKTEST_VMM_DEV") ? atoi(getenv("HOOKTEST_VMM_DEV")) : dev;
+	if (!strcmp(f->name, "pool")) {
+		CUmemPoolProps p;
+		memset(&p, 0, sizeof p);
+		p.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+		p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+		p.location.id = getenv("HOOKTEST_POOL_DEV") ? atoi(getenv("HOOKTEST_POOL_DEV")) : dev;
+		int rc = A.p_cuMemPoolCreate((CUmemoryPool *)&pool, &p);
+		if (rc)
+			die("cuMemPoolCreate", rc);
+	}
+}
+
+/* family NAME CHUNK: fill to the limit, be refused, free one, refill, free all. */
+static int cmd_family(const char *name, uint64_t chunk)
+{
+	const struct fam *f = find_fam(name);
+	int dev = 0;
+	setup_family(f, dev);
+	int udev = (!strcmp(name, "vmm")) ? vmm_dev : dev;
+	if (!strcmp(name, "pool") && getenv("HOOKTEST_POOL_DEV"))
+		udev = atoi(getenv("HOOKTEST_POOL_DEV"));
+	uint64_t before = fake_used(udev);
+	int n = 0, rc = 0;
+	uint64_t unit = 0;
+	while (n < MAXH) {
+		rc = f->alloc(chunk, &handles[n]);
+		if (rc != 0)
+			break;
+		if (n == 0)
+			unit = fake_used(udev) - before;
+		n++;
+	}
+	uint64_t calls = fake_calls();
+	int rc2 = f->alloc(chunk, &handles[n]);
+	int reached = fake_calls() != calls; /* did the refused request reach the driver? */
+	int refree = -1, realloc_rc = -1;
+	if (n > 0) {
+		refree = f->release(handles[n - 1]);
+		realloc_rc = f->alloc(chunk, &handles[n - 1]);
+	}
+	int freed_bad = 0;
+	for (int i = 0; i < n; i++)
+		if (f->release(handles[i]) != 0)
+			freed_bad++;
+	size_t fr = 0, tot = 0;
+	A.p_cuMemGetInfo_v2(&fr, &tot);
+	printf("n=%d err=%d err2=%d reached=%d unit=%llu refree=%d realloc=%d freebad=%d left=%llu free=%zu total=%zu\n",
+	       n, rc, rc2, reached, (unsigned long long)unit, refree, realloc_rc, freed_bad,
+	       (unsigned long long)(fake_used(udev) - before), fr, tot);
+	return 0;
+}
+
+/* query ALLOC: virtualised memory figures after allocating ALLOC bytes. */
+static int cmd_query(uint64_t alloc)
+{
+	ctx(0);
+	CUdeviceptr p = 0;
+	if (alloc) {
+		int rc = A.p_cuMemAlloc_v2(&p, alloc);
+		if (rc)
+			die("cuMemAlloc_v2", rc);
+	}
+	size_t fr = 0, tot = 0, dtot = 0;
+	unsigned fr1 = 0, tot1 = 0, dtot1 = 0;
+	A.p_cuMemGetInfo_v2(&fr, &tot);
+	A.p_cuMemGetInfo(&fr1, &tot1);
+	A.p_cuDeviceTotalMem_v2(&dtot, 0);
+	A.p_cuDeviceTotalMem(&dtot1, 0);
+	A.p_nvmlInit_v2();
+	nvmlDevice_t d;
+	A.p_nvmlDeviceGetHandleByIndex_v2(0, &d);
+	nvmlMemory_t m1;
+	nvmlMemory_v2_t m2;
+	memset(&m2, 0, sizeof m2);
+	A.p_nvmlDeviceGetMemoryInfo(d, &m1);
+	A.p_nvmlDeviceGetMemoryInfo_v2(d, &m2);
+	printf("free=%zu total=%zu free_v1=%u total_v1=%u devtotal=%zu devtotal_v1=%u "
+	       "nvml_total=%llu nvml_free=%llu nvml_used=%llu nvml2_total=%llu nvml2_free=%llu nvml2_used=%llu nvml2_reserved=%llu\n",
+	       fr, tot, fr1, tot1, dtot, dtot1, m1.total, m1.free, m1.used, m2.total, m2.free, m2.used, m2.reserved);
+	return 0;
+}
+
+/* hold CHUNK: allocate until refused, report, wait for stdin EOF, exit. */
+static int cmd_hold(uint64_t chunk)
+{
+	ctx(0);
+	int n = 0;
+	CUdeviceptr p;
+	while (n < MAXH && A.p_cuMemAlloc_v2(&p, chunk) == 0)
+		handles[n++] = p;
+	printf("held=%d\n", n);
+	fflush(stdout);
+	char c;
+	while (read(0, &c, 1) > 0)
+		;
+	return 0;
+}
+
+/* churn CHUNK: fill to the limit and empty, forever (to be SIGKILLed). */
+static int cmd_churn(uint64_t chunk)
+{
+	ctx(0);
+	printf("ready\n");
+	fflush(stdout);
+	for (;;) {
+		int n = 0;
+		CUdeviceptr p;
+		while (n < MAXH && A.p_cuMemAlloc_v2(&p, chunk) == 0)
+			handles[n++] = p;
+		while (n > 0)
+			A.p_cuMemFree_v2(handles[--n]);
+	}
+	return 0;
+}
+
+/* grab CHUNK: how many chunks fit now, and how long the first took. */
+static int cmd_grab(uint64_t chunk)
+{
+	ctx(0);
+	int n = 0;
+	CUdeviceptr p;
+	uint64_t t0 = now_ns(), first = 0;
+	while (n < MAXH && A.p_cuMemAlloc_v2(&p, chunk) == 0) {
+		if (n == 0)
+			first = now_ns() - t0;
+		handles[n++] = p;
+	}
+	printf("n=%d first_ns=%llu total_ns=%llu\n", n, (unsigned long long)first, (unsigned long long)(now_ns() - t0));
+	return 0;
+}
+
+static uint64_t my_busy(void)
+{
+	uint64_t pids[256], busy[256];
+	int n = fake_busy(0, pids, busy, 256);
+	for (int i = 0; i < n; i++)
+		if (pids[i] == (uint64_t)getpid())
+			return busy[i];
+	return 0;
+}
+
+/* launch API SECONDS WARMUP: launch 100-block kernels of 1 us/block. */
+static int cmd_launch(const char *api, double secs, double warm)
+{
+	ctx(0);
+	CUmodule m;
+	CUfunction f;
+	A.p_cuModuleLoadData(&m, "");
+	A.p_cuModuleGetFunction(&f, m, "k1000");
+	CUgraph g;
+	CUgraphExec ge;
+	A.p_cuGraphCreate(&g, 0);
+	A.p_cuGraphInstantiateWithFlags(&ge, g, 0);
+	CUlaunchConfig cfg = {100, 1, 1, 128, 1, 1, 0, NULL, NULL, 0};
+	uint64_t t0 = now_ns(), tw = t0 + (uint64_t)(warm * 1e9), te = t0 + (uint64_t)(secs * 1e9);
+	uint64_t bw = 0, tws = 0;
+	int marked = 0;
+	long n = 0;
+	for (;;) {
+		uint64_t t = now_ns();
+		if (!marked && t >= tw) {
+			bw = my_busy();
+			tws = t;
+			marked = 1;
+		}
+		if (t >= te)
+			break;
+		int rc;
+		if (!strcmp(api, "kernel"))
+			rc = A.p_cuLaunchKernel(f, 100, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL);
+		else if (!strcmp(api, "ex"))
+			rc = A.p_cuLaunchKernelEx(&cfg, f, NULL, NULL);
+		else if (!strcmp(api, "coop"))
+			rc = A.p_cuLaunchCooperativeKernel(f, 100, 1, 1, 128, 1, 1, 0, NULL, NULL);
+		else
+			rc = A.p_cuGraphLaunch(ge, NULL);
+		if (rc)
+			die("launch", rc);
+		n++;
+	}
+	uint64_t t1 = now_ns();
+	double util = 100.0 * (double)(my_busy() - bw) / (double)(t1 - tws);
+	printf("util=%.2f launches=%ld\n", util, n);
+	return 0;
+}
+
+/* bench-alloc ITERS SIZE / bench-launch ITERS: ns per operation. */
+static int cmd_bench_alloc(long iters, uint64_t size)
+{
+	ctx(0);
+	CUdeviceptr p;
+	for (int i = 0; i < 1000; i++) { A.p_cuMemAlloc_v2(&p, size); A.p_cuMemFree_v2(p); }
+	uint64_t t0 = now_ns();
+	for (long i = 0; i < iters; i++) {
+		if (A.p_cuMemAlloc_v2(&p, size))
+			die("alloc", 0);
+		A.p_cuMemFree_v2(p);
+	}
+	printf("ns_per_op=%.1f\n", (double)(now_ns() - t0) / (double)iters);
+	return 0;
+}
+
+static int cmd_bench_launch(long iters)
+{
+	ctx(0);
+	CUmodule m;
+	CUfunction f;
+	A.p_cuModuleLoadData(&m, "");
+	A.p_cuModuleGetFunction(&f, m, "k0");
+	uint64_t t0 = now_ns();
+	for (long i = 0; i < iters; i++)
+		A.p_cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+	printf("ns_per_op=%.1f\n", (double)(now_ns() - t0) / (double)iters);
+	return 0;
+}
+
+/* init-time: the first driver calls of a process, hook initialisation included. */
+static int cmd_init_time(void)
+{
+	uint64_t t0 = now_ns();
+	ctx(0);
+	CUdeviceptr p;
+	A.p_cuMemAlloc_v2(&p, 4096);
+	A.p_cuMemFree_v2(p);
+	printf("init_ns=%llu\n", (unsigned long long)(now_ns() - t0));
+	return 0;
+}
+
+/* rtld-next: dlsym(RTLD_NEXT) from the program must be relative to the program. */
+static int cmd_rtld_next(void)
+{
+	void *next = dlsym(RTLD_NEXT, "cuMemAlloc_v2");
+	void *def = dlsym(RTLD_DEFAULT, "cuMemAlloc_v2");
+	void *direct = (void *)cuMemAlloc_v2;
+	printf("next_is_default=%d default_is_direct=%d\n", next == def && next != NULL, def == direct);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 3) {
+		fprintf(stderr, "usage: hooktest MODE COMMAND [ARGS]\n");
+		return 2;
+	}
+	mode = argv[1];
+	resolve();
+	const char *c = argv[2];
+	uint64_t a = argc > 3 ? strtoull(argv[3], NULL, 10) : 0;
+	if (!strcmp(c, "family") && argc > 4)
+		return cmd_family(argv[3], strtoull(argv[4], NULL, 10));
+	if (!strcmp(c, "query"))
+		return cmd_query(a);
+	if (!strcmp(c, "hold"))
+		return cmd_hold(a);
+	if (!strcmp(c, "churn"))
+		return cmd_churn(a);
+	if (!strcmp(c, "grab"))
+		return cmd_grab(a);
+	if (!strcmp(c, "launch") && argc > 5)
+		return cmd_launch(argv[3], atof(argv[4]), atof(argv[5]));
+	if (!strcmp(c, "bench-alloc") && argc > 4)
+		return cmd_bench_alloc(atol(argv[3]), strtoull(argv[4], NULL, 10));
+	if (!strcmp(c, "bench-launch"))
+		return cmd_bench_launch((long)a);
+	if (!strcmp(c, "init-time"))
+		return cmd_init_time();
+	if (!strcmp(c, "rtld-next"))
+		return cmd_rtld_next();
+	fprintf(stderr, "unknown command %s\n", c);
+	return 2;
+}
