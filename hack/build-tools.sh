@@ -13,6 +13,7 @@ K8S_VERSION=v1.37.2
 ETCD_VERSION=v3.7.3
 KUEUE_VERSION=v0.17.0
 KWOK_VERSION=v0.8.0
+TRAINING_OPERATOR_VERSION=v1.9.3
 
 # build NAME VERSION MODULE_DIR PACKAGE [LDFLAGS]
 build() {
@@ -38,4 +39,14 @@ want kube-scheduler && build kube-scheduler "$K8S_VERSION" kube k8s.io/kubernete
 want kube-controller-manager && build kube-controller-manager "$K8S_VERSION" kube k8s.io/kubernetes/cmd/kube-controller-manager "$kv"
 want kueue && build kueue "$KUEUE_VERSION" kueue sigs.k8s.io/kueue/cmd/kueue "-X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION"
 want kwok && build kwok "$KWOK_VERSION" kwok sigs.k8s.io/kwok/cmd/kwok
+want training-operator && build training-operator "$TRAINING_OPERATOR_VERSION" training-operator github.com/kubeflow/training-operator/cmd/training-operator.v1
+# kwok's "fast" stages (nodes Ready at once, pods run, Job pods complete),
+# copied from the pinned module so tests don't depend on its cache path.
+if want kwok && [[ ! -f "$OUT/kwok-stages/.version" || "$(cat "$OUT/kwok-stages/.version")" != "$KWOK_VERSION" ]]; then
+	kdir=$(cd "$ROOT/hack/tools/kwok" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)
+	mkdir -p "$OUT/kwok-stages"
+	cp "$kdir"/kustomize/stage/node/fast/node-initialize.yaml "$kdir"/kustomize/stage/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml "$kdir"/kustomize/stage/pod/fast/pod-*.yaml "$OUT/kwok-stages/"
+	chmod u+w "$OUT"/kwok-stages/*.yaml
+	echo "$KWOK_VERSION" >"$OUT/kwok-stages/.version"
+fi
 echo "$OUT"

@@ -1,0 +1,93 @@
+// Command testsummary reads `go test -json` and prints per-package results,
+// the output of failed tests, and one closing line "N passed, N failed, N skipped".
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+)
+
+type event struct {
+	Action  string
+	Package string
+	Test    string
+	Output  string
+	Elapsed float64
+}
+
+func main() {
+	outputs := map[string]*strings.Builder{} // package/test → output
+	var passed, failed, skipped int
+	var failedTests []string
+	pkgResults := map[string]string{}
+	sc := bufio.NewScanner(os.Stdin)
+	sc.Buffer(make([]byte, 1<<20), 1<<26)
+	for sc.Scan() {
+		var e event
+		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
+			fmt.Println(sc.Text()) // build errors come as plain text
+			continue
+		}
+		key := e.Package + " " + e.Test
+		switch e.Action {
+		case "output":
+			b := outputs[key]
+			if b == nil {
+				b = &strings.Builder{}
+				outputs[key] = b
+			}
+			if b.Len() < 1<<20 {
+				b.WriteString(e.Output)
+			}
+		case "pass", "fail", "skip":
+			if e.Test == "" {
+				pkgResults[e.Package] = fmt.Sprintf("%-4s %s %.1fs", map[string]string{"pass": "ok", "fail": "FAIL", "skip": "skip"}[e.Action], e.Package, e.Elapsed)
+				if e.Action == "fail" {
+					failedTests = append(failedTests, key)
+				}
+				continue
+			}
+			if strings.Contains(e.Test, "/") { // subtests are counted through their parents
+				if e.Action == "fail" {
+					failedTests = append(failedTests, key)
+				}
+				continue
+			}
+			switch e.Action {
+			case "pass":
+				passed++
+			case "fail":
+				failed++
+				failedTests = append(failedTests, key)
+			case "skip":
+				skipped++
+			}
+		}
+	}
+	pkgs := make([]string, 0, len(pkgResults))
+	for p := range pkgResults {
+		pkgs = append(pkgs, p)
+	}
+	sort.Strings(pkgs)
+	for _, p := range pkgs {
+		fmt.Println(pkgResults[p])
+	}
+	for _, k := range failedTests {
+		if b := outputs[k]; b != nil {
+			fmt.Printf("\n=== output of %s ===\n%s", k, b.String())
+		}
+	}
+	fmt.Printf("\n%d passed, %d failed, %d skipped\n", passed, failed, skipped)
+	if failed > 0 {
+		os.Exit(1)
+	}
+	for _, r := range pkgResults {
+		if strings.HasPrefix(r, "FAIL") {
+			os.Exit(1)
+		}
+	}
+}

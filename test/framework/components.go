@@ -1,0 +1,163 @@
+package framework
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	kueue "sigs.k8s.io/kueue/apis/kueue/v1beta2"
+)
+
+// kueueMetricsCertDir is hard-coded in Kueue's main when internal cert
+// management is off: it exits unless a key pair is there.
+const kueueMetricsCertDir = "/etc/kueue/metrics/certs"
+
+func (e *Env) startKueue(t TB, opts Options) {
+	t.Helper()
+	if err := ensureSelfSignedPair(kueueMetricsCertDir); err != nil {
+		t.Fatalf("Kueue needs a metrics key pair in %s: %v", kueueMetricsCertDir, err)
+	}
+	wh := e.testEnv.WebhookInstallOptions
+	waitForPodsReady := ""
+	if opts.WaitForPodsReady {
+		waitForPodsReady = "waitForPodsReady:\n  enable: true\n  timeout: 30s\n  blockAdmission: false\n"
+	}
+	cfg := fmt.Sprintf(`apiVersion: config.kueue.x-k8s.io/v1beta2
+kind: Configuration
+namespace: kueue-system
+health:
+  healthProbeBindAddress: 127.0.0.1:0
+metrics:
+  bindAddress: "0"
+webhook:
+  host: %s
+  port: %d
+  certDir: %s
+leaderElection:
+  leaderElect: false
+internalCertManagement:
+  enable: false
+%sintegrations:
+  frameworks:
+  - batch/job
+  - kubeflow.org/pytorchjob
+`, wh.LocalServingHost, wh.LocalServingPort, wh.LocalServingCertDir, waitForPodsReady)
+	cfgPath := filepath.Join(e.Dir, "kueue-config.yaml")
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
+		t.Fatalf("%v", err)
+	}
+	gates := "VisibilityOnDemand=false"
+	if opts.KueueFeatureGates != "" {
+		gates += "," + opts.KueueFeatureGates
+	}
+	p := e.StartProcess(t, "kueue", filepath.Join(ToolsDir(), "kueue"),
+		"--config="+cfgPath, "--kubeconfig="+e.Kubeconfig, "--feature-gates="+gates, "--zap-log-level=2")
+	// Kueue is ready when its webhooks answer: a dry-run create goes
+	// through its ResourceFlavor mutating webhook.
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		rf := &kueue.ResourceFlavor{ObjectMeta: metav1.ObjectMeta{Name: "readiness-probe"}}
+		err := e.Client.Create(e.Ctx, rf, client.DryRunAll)
+		if err == nil {
+			return
+		}
+		if p.Exited() {
+			t.Fatalf("kueue exited:\n%s", p.Tail(30))
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("kueue webhooks not answering after 60s: %v\n%s", err, p.Tail(30))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func (e *Env) startScheduling(t TB) {
+	t.Helper()
+	tools := ToolsDir()
+	e.StartProcess(t, "kube-scheduler", filepath.Join(tools, "kube-scheduler"),
+		"--kubeconfig="+e.Kubeconfig, "--authentication-kubeconfig="+e.Kubeconfig,
+		"--authorization-kubeconfig="+e.Kubeconfig, "--secure-port=0", "--leader-elect=false", "--v=1")
+	e.StartProcess(t, "kube-controller-manager", filepath.Join(tools, "kube-controller-manager"),
+		"--kubeconfig="+e.Kubeconfig, "--secure-port=0", "--leader-elect=false", "--v=1",
+		"--use-service-account-credentials=false",
+		"--controllers=job-controller,garbage-collector-controller,node-lifecycle-controller,pod-garbage-collector-controller,taint-eviction-controller,replicaset-controller",
+		"--node-monitor-grace-period=40s", "--concurrent-job-syncs=10", "--concurrent-gc-syncs=10")
+	stages, err := kwokStages()
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	args := []string{"--kubeconfig=" + e.Kubeconfig,
+		"--manage-all-nodes=false",
+		"--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+		"--node-lease-duration-seconds=40",
+		"--server-address=127.0.0.1:0",
+	}
+	for _, s := range stages {
+		args = append(args, "--config="+s)
+	}
+	e.StartProcess(t, "kwok", filepath.Join(tools, "kwok"), args...)
+}
+
+// kwokStages are the "fast" node and pod stages kwok ships: nodes become
+// Ready at once, pods run at once and Job pods complete.
+func kwokStages() ([]string, error) {
+	dir := filepath.Join(ToolsDir(), "kwok-stages")
+	files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
+	if err != nil || len(files) == 0 {
+		return nil, fmt.Errorf("kwok stages missing in %s (run hack/build-tools.sh): %v", dir, err)
+	}
+	return files, nil
+}
+
+func ensureSelfSignedPair(dir string) error {
+	crt, key := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	if _, err := os.Stat(crt); err == nil {
+		if _, err := os.Stat(key); err == nil {
+			return nil
+		}
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	pk, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "kueue-metrics-test"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().AddDate(10, 0, 0),
+		DNSNames: []string{"localhost"},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &pk.PublicKey, pk)
+	if err != nil {
+		return err
+	}
+	kb, err := x509.MarshalECPrivateKey(pk)
+	if err != nil {
+		return err
+	}
+	if err := writeAtomic(key, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600); err != nil {
+		return err
+	}
+	return writeAtomic(crt, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644)
+}
+
+func writeAtomic(path string, data []byte, mode os.FileMode) error {
+	tmp := path + ".tmp" + strings.ReplaceAll(fmt.Sprint(time.Now().UnixNano()), "-", "")
+	if err := os.WriteFile(tmp, data, mode); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}

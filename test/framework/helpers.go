@@ -1,0 +1,142 @@
+package framework
+
+import (
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	kueue "sigs.k8s.io/kueue/apis/kueue/v1beta2"
+)
+
+// MustCreate creates an object or fails the test.
+func (e *Env) MustCreate(t TB, obj client.Object) {
+	t.Helper()
+	if err := e.Client.Create(e.Ctx, obj); err != nil {
+		t.Fatalf("creating %T %s: %v", obj, obj.GetName(), err)
+	}
+}
+
+// Namespace creates a namespace with a unique name starting with prefix.
+func (e *Env) Namespace(t TB, prefix string) string {
+	t.Helper()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: prefix + "-"}}
+	e.MustCreate(t, ns)
+	return ns.Name
+}
+
+// Eventually polls cond every 100 ms until it holds or timeout passes; the
+// failure names what was awaited and cond's last explanation.
+func (e *Env) Eventually(t TB, timeout time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	last := ""
+	for {
+		ok, why := cond()
+		if ok {
+			return
+		}
+		last = why
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s: %s", timeout, what, last)
+		}
+		select {
+		case <-e.Ctx.Done():
+			t.Fatalf("context done waiting for %s", what)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// SetAdmissionCheckActive marks an AdmissionCheck Active, as its controller would.
+func (e *Env) SetAdmissionCheckActive(t TB, name string) {
+	t.Helper()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var ac kueue.AdmissionCheck
+		if err := e.Client.Get(e.Ctx, client.ObjectKey{Name: name}, &ac); err != nil {
+			return err
+		}
+		apimeta.SetStatusCondition(&ac.Status.Conditions, metav1.Condition{Type: kueue.AdmissionCheckActive, Status: metav1.ConditionTrue, Reason: "Active", Message: "set by test"})
+		return e.Client.Status().Update(e.Ctx, &ac)
+	})
+	if err != nil {
+		t.Fatalf("activating admission check %s: %v", name, err)
+	}
+}
+
+// WorkloadOf returns the Workload Kueue created for a job (by owner
+// reference), or nil.
+func (e *Env) WorkloadOf(ns, ownerName, ownerKind string) (*kueue.Workload, error) {
+	var wls kueue.WorkloadList
+	if err := e.Client.List(e.Ctx, &wls, client.InNamespace(ns)); err != nil {
+		return nil, err
+	}
+	for i := range wls.Items {
+		for _, o := range wls.Items[i].OwnerReferences {
+			if o.Name == ownerName && o.Kind == ownerKind {
+				return &wls.Items[i], nil
+			}
+		}
+	}
+	return nil, nil
+}
+
+// WaitForWorkloadOf waits until the job's Workload exists and satisfies cond.
+func (e *Env) WaitForWorkloadOf(t TB, ns, ownerName, ownerKind string, cond func(*kueue.Workload) bool) *kueue.Workload {
+	t.Helper()
+	var wl *kueue.Workload
+	e.Eventually(t, 60*time.Second, fmt.Sprintf("workload of %s %s/%s", ownerKind, ns, ownerName), func() (bool, string) {
+		w, err := e.WorkloadOf(ns, ownerName, ownerKind)
+		if err != nil {
+			return false, err.Error()
+		}
+		if w == nil {
+			return false, "no workload yet"
+		}
+		wl = w
+		if cond != nil && !cond(w) {
+			return false, DescribeWorkload(w)
+		}
+		return true, ""
+	})
+	return wl
+}
+
+// DescribeWorkload renders conditions and check states in one line.
+func DescribeWorkload(w *kueue.Workload) string {
+	s := w.Name + ":"
+	for _, c := range w.Status.Conditions {
+		s += fmt.Sprintf(" %s=%s(%s: %s)", c.Type, c.Status, c.Reason, c.Message)
+	}
+	for _, a := range w.Status.AdmissionChecks {
+		s += fmt.Sprintf(" check %s=%s(%s)", a.Name, a.State, a.Message)
+	}
+	return s
+}
+
+// WaitForNodeReady waits until kwok reports the node Ready and the
+// node-lifecycle controller has lifted the not-ready taint.
+func (e *Env) WaitForNodeReady(t TB, name string) {
+	t.Helper()
+	e.Eventually(t, 60*time.Second, "node "+name+" ready", func() (bool, string) {
+		var n corev1.Node
+		if err := e.Client.Get(e.Ctx, client.ObjectKey{Name: name}, &n); err != nil {
+			return false, err.Error()
+		}
+		for _, tn := range n.Spec.Taints {
+			if tn.Key == corev1.TaintNodeNotReady || tn.Key == corev1.TaintNodeUnreachable {
+				return false, "taint " + tn.Key
+			}
+		}
+		for _, c := range n.Status.Conditions {
+			if c.Type == corev1.NodeReady {
+				return c.Status == corev1.ConditionTrue, string(c.Status)
+			}
+		}
+		return false, "no Ready condition"
+	})
+}
