@@ -116,4 +116,3 @@ func findCheck(wl *kueue.Workload, name string) *kueue.AdmissionCheckState {
 	}
 	return nil
 }
-
