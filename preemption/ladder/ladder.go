@@ -1,0 +1,234 @@
+package ladder
+
+import (
+	"cmp"
+	"maps"
+	"slices"
+	"time"
+)
+
+// killRecheck is how soon a Killing workload is looked at again: force
+// deletes take effect at once unless something (a finalizer) holds the pod.
+const killRecheck = 2 * time.Second
+
+// Step moves a preemption one step: it never goes back a phase, may pass
+// through several in one call (all ranks saved → Terminating → no pods left
+// → Done), and is idempotent for a given observation.
+func Step(cfg Config, st State, obs Observation) Decision {
+	d := Decision{State: clone(st)}
+	s := &d.State
+	now := obs.Now
+	live := map[string]Pod{}
+	for _, p := range obs.Pods {
+		if !p.Finished {
+			live[p.Name] = p
+		}
+	}
+	mergeSteps(cfg, s, obs.Pods)
+
+	enter := func(p Phase) {
+		s.Phase = p
+		s.Transitions = append(s.Transitions, Transition{Phase: p, At: now})
+		d.Entered = append(d.Entered, p)
+	}
+
+	for range 5 { // at most one pass per phase
+		switch s.Phase {
+		case PhaseNone:
+			if !obs.Evicted {
+				return d
+			}
+			s.Reason = obs.Reason
+			for _, p := range obs.Pods {
+				if p.OptedIn && !p.Finished {
+					if s.Ranks == nil {
+						s.Ranks = map[string][]int64{}
+					}
+					s.Ranks[p.Name] = capSteps(cfg, p.Steps)
+				}
+			}
+			if len(s.Ranks) == 0 {
+				enter(PhaseTerminating)
+				continue
+			}
+			timeout := obs.CheckpointTimeout
+			if timeout <= 0 {
+				timeout = cfg.DefaultCheckpointTimeout
+			}
+			deadline := now.Add(timeout)
+			s.CheckpointDeadline = &deadline
+			enter(PhaseCheckpointing)
+
+		case PhaseCheckpointing:
+			// A rank's answer is recorded at once: the pod may be gone
+			// by the next look.
+			waiting := false
+			for name := range s.Ranks {
+				p, ok := live[name]
+				switch {
+				case ok && p.Reported:
+					setOutcome(s, name, OutcomeSaved)
+				case ok && s.Outcomes[name] != OutcomeSaved:
+					waiting = true
+				}
+			}
+			if waiting && now.Before(*s.CheckpointDeadline) {
+				for _, name := range slices.Sorted(maps.Keys(s.Ranks)) {
+					if p, ok := live[name]; ok && !p.CheckpointRequested {
+						d.Actions = append(d.Actions, Action{Kind: RequestCheckpoint, Pod: name})
+					}
+				}
+				d.RequeueAfter = s.CheckpointDeadline.Sub(now)
+				return d
+			}
+			for name := range s.Ranks {
+				if s.Outcomes[name] != OutcomeSaved {
+					setOutcome(s, name, OutcomeTimedOut)
+				}
+			}
+			enter(PhaseTerminating)
+
+		case PhaseTerminating:
+			if len(live) == 0 {
+				enter(PhaseDone)
+				continue
+			}
+			if s.KillDeadline == nil {
+				grace := time.Duration(0)
+				for _, p := range live {
+					g := p.Grace
+					if g <= 0 {
+						g = cfg.DefaultGrace
+					}
+					grace = max(grace, g)
+				}
+				kd := now.Add(grace + cfg.Slack)
+				s.KillDeadline = &kd
+			}
+			if now.Before(*s.KillDeadline) {
+				for _, name := range slices.Sorted(maps.Keys(live)) {
+					if !live[name].Terminating {
+						d.Actions = append(d.Actions, Action{Kind: Delete, Pod: name})
+					}
+				}
+				d.RequeueAfter = s.KillDeadline.Sub(now)
+				return d
+			}
+			enter(PhaseKilling)
+
+		case PhaseKilling:
+			if len(live) == 0 {
+				enter(PhaseDone)
+				continue
+			}
+			for _, name := range slices.Sorted(maps.Keys(live)) {
+				d.Actions = append(d.Actions, Action{Kind: ForceDelete, Pod: name})
+				if _, rank := s.Ranks[name]; rank && s.Outcomes[name] != OutcomeSaved {
+					setOutcome(s, name, OutcomeKilled)
+				}
+			}
+			d.RequeueAfter = killRecheck
+			return d
+
+		case PhaseDone:
+			if !obs.Evicted {
+				d.Reset = true
+			}
+			return d
+		}
+	}
+	return d
+}
+
+func setOutcome(s *State, rank, outcome string) {
+	if s.Outcomes == nil {
+		s.Outcomes = map[string]string{}
+	}
+	s.Outcomes[rank] = outcome
+}
+
+// mergeSteps folds newly reported steps into the ranks' records and
+// recomputes the consistent step.
+func mergeSteps(cfg Config, s *State, pods []Pod) {
+	for _, p := range pods {
+		old, ok := s.Ranks[p.Name]
+		if !ok || len(p.Steps) == 0 {
+			continue
+		}
+		s.Ranks[p.Name] = capSteps(cfg, append(slices.Clone(old), p.Steps...))
+	}
+	if step, ok := LastConsistent(s.Ranks); ok {
+		s.LastConsistentStep = &step
+	}
+}
+
+// capSteps sorts newest first, drops duplicates and keeps the newest
+// MaxStepsPerRank.
+func capSteps(cfg Config, steps []int64) []int64 {
+	out := slices.Clone(steps)
+	slices.SortFunc(out, func(a, b int64) int { return cmp.Compare(b, a) })
+	out = slices.Compact(out)
+	if cfg.MaxStepsPerRank > 0 && len(out) > cfg.MaxStepsPerRank {
+		out = out[:cfg.MaxStepsPerRank]
+	}
+	if out == nil {
+		out = []int64{}
+	}
+	return out
+}
+
+// LastConsistent returns the newest step that every rank completed: the
+// largest step present in every rank's set. There is none when there are no
+// ranks, or when some rank has no step in common with the others — naming
+// the minimum of the newest steps instead would be wrong when a rank pruned
+// it or never saved it.
+func LastConsistent(ranks map[string][]int64) (int64, bool) {
+	if len(ranks) == 0 {
+		return 0, false
+	}
+	var common map[int64]bool
+	for _, steps := range ranks {
+		set := make(map[int64]bool, len(steps))
+		for _, st := range steps {
+			if common == nil || common[st] {
+				set[st] = true
+			}
+		}
+		common = set
+		if len(common) == 0 {
+			return 0, false
+		}
+	}
+	best, ok := int64(0), false
+	for st := range common {
+		if !ok || st > best {
+			best, ok = st, true
+		}
+	}
+	return best, ok
+}
+
+func clone(s State) State {
+	c := s
+	c.Transitions = slices.Clone(s.Transitions)
+	if s.Ranks != nil {
+		c.Ranks = make(map[string][]int64, len(s.Ranks))
+		for k, v := range s.Ranks {
+			c.Ranks[k] = slices.Clone(v)
+		}
+	}
+	c.Outcomes = maps.Clone(s.Outcomes)
+	if s.CheckpointDeadline != nil {
+		t := *s.CheckpointDeadline
+		c.CheckpointDeadline = &t
+	}
+	if s.KillDeadline != nil {
+		t := *s.KillDeadline
+		c.KillDeadline = &t
+	}
+	if s.LastConsistentStep != nil {
+		v := *s.LastConsistentStep
+		c.LastConsistentStep = &v
+	}
+	return c
+}

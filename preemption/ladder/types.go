@@ -1,0 +1,154 @@
+// Package ladder is the preemption coordinator's escalation state machine,
+// as pure functions: given the durable state of one victim workload and what
+// is observed now (its pods, their reported checkpoint steps, the time), it
+// returns the next state and the actions to take. Reconcilers translate API
+// objects into these types and the actions back into API calls.
+//
+//	(none) --evicted--> Checkpointing --all ranks saved | timeout--> Terminating
+//	Terminating --grace + slack passed, pods left--> Killing
+//	Terminating | Killing --no pod left--> Done
+//
+// Checkpointing is skipped for workloads that did not opt in.
+package ladder
+
+import (
+	"time"
+)
+
+// Phase of a preemption.
+type Phase string
+
+// Phases, in order.
+const (
+	PhaseNone          Phase = ""
+	PhaseCheckpointing Phase = "Checkpointing"
+	PhaseTerminating   Phase = "Terminating"
+	PhaseKilling       Phase = "Killing"
+	PhaseDone          Phase = "Done"
+)
+
+// Transition is one phase change.
+type Transition struct {
+	Phase Phase     `json:"phase"`
+	At    time.Time `json:"at"`
+}
+
+// State is the durable record of one preemption (JSON in the Workload
+// annotation gpupack.io/preemption): enough for a restarted manager to
+// resume exactly where it was.
+type State struct {
+	Phase Phase `json:"phase"`
+	// Reason says what evicted the workload (Evicted, Preempted,
+	// DisruptionTarget, Eviction…).
+	Reason string `json:"reason,omitempty"`
+	// Transitions, oldest first; the first is the eviction.
+	Transitions []Transition `json:"transitions,omitempty"`
+	// CheckpointDeadline ends Checkpointing; KillDeadline ends Terminating.
+	CheckpointDeadline *time.Time `json:"checkpointDeadline,omitempty"`
+	KillDeadline       *time.Time `json:"killDeadline,omitempty"`
+	// Ranks are the opted-in pods present at the eviction, with the
+	// verified steps each reported (newest first, capped). They outlive the
+	// pods, so the consistent step can be computed after they are gone.
+	Ranks map[string][]int64 `json:"ranks,omitempty"`
+	// Outcomes per rank: Saved, TimedOut or Killed (set on leaving a phase).
+	Outcomes map[string]string `json:"outcomes,omitempty"`
+	// LastConsistentStep is the newest step every rank completed, once known.
+	LastConsistentStep *int64 `json:"lastConsistentStep,omitempty"`
+}
+
+// Since returns when phase p was entered, if it was.
+func (s State) Since(p Phase) (time.Time, bool) {
+	for i := len(s.Transitions) - 1; i >= 0; i-- {
+		if s.Transitions[i].Phase == p {
+			return s.Transitions[i].At, true
+		}
+	}
+	return time.Time{}, false
+}
+
+// Pod is what the coordinator observes of one pod of the victim.
+type Pod struct {
+	Name string
+	// OptedIn: the pod runs gpupack-ckpt (gpupack.io/checkpoint: "true").
+	OptedIn bool
+	// Terminating: the pod has a deletionTimestamp.
+	Terminating bool
+	// Finished: the pod is Succeeded or Failed (it holds no GPU).
+	Finished bool
+	// CheckpointRequested: gpupack.io/checkpoint-request is set.
+	CheckpointRequested bool
+	// Steps are the verified checkpoint steps this pod reported for this
+	// request (annotation gpupack.io/checkpoint-step and the agent's
+	// termination message), newest first. Reported is true once the agent
+	// answered the request with a new checkpoint.
+	Steps    []int64
+	Reported bool
+	// Grace is the pod's termination grace period.
+	Grace time.Duration
+}
+
+// Observation is the world as the reconciler reads it now.
+type Observation struct {
+	Now time.Time
+	// Evicted is true while the workload is evicted or preempted (or a pod
+	// of it is being disrupted); Reason says by what.
+	Evicted bool
+	Reason  string
+	// CheckpointTimeout is the job's gpupack.io/checkpoint-timeout (zero:
+	// Config.DefaultCheckpointTimeout).
+	CheckpointTimeout time.Duration
+	// Pods that still exist.
+	Pods []Pod
+}
+
+// Config holds the coordinator-wide knobs.
+type Config struct {
+	DefaultCheckpointTimeout time.Duration
+	// DefaultGrace is used for pods without a grace period.
+	DefaultGrace time.Duration
+	// Slack is added to the grace period before pods are force-deleted
+	// (a kubelet that stopped answering never confirms a graceful delete).
+	Slack time.Duration
+	// MaxStepsPerRank caps State.Ranks entries.
+	MaxStepsPerRank int
+}
+
+// ActionKind is what to do to one pod.
+type ActionKind string
+
+// Actions.
+const (
+	// RequestCheckpoint: set gpupack.io/checkpoint-request on the pod.
+	RequestCheckpoint ActionKind = "RequestCheckpoint"
+	// Delete: graceful delete (SIGTERM, the pod's grace period).
+	Delete ActionKind = "Delete"
+	// ForceDelete: delete with grace period 0 (SIGKILL; the object goes).
+	ForceDelete ActionKind = "ForceDelete"
+)
+
+// Action on one pod.
+type Action struct {
+	Kind ActionKind
+	Pod  string
+}
+
+// Outcome of one rank's checkpoint.
+const (
+	OutcomeSaved    = "Saved"
+	OutcomeTimedOut = "TimedOut"
+	OutcomeKilled   = "Killed"
+)
+
+// Decision is the result of one Step.
+type Decision struct {
+	State State
+	// Entered lists the phases entered by this step, in order (for Events
+	// and metrics).
+	Entered []Phase
+	Actions []Action
+	// RequeueAfter is when the next deadline falls (0: none pending).
+	RequeueAfter time.Duration
+	// Reset: the workload is no longer evicted and the preemption is over;
+	// drop the record.
+	Reset bool
+}
