@@ -1,0 +1,257 @@
+package fitcli
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func run(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	rc := Main(args, &out, &errb)
+	return rc, out.String(), errb.String()
+}
+
+func runJSON(t *testing.T, args ...string) Output {
+	t.Helper()
+	rc, out, errs := run(t, append(args, "-o", "json")...)
+	if rc != 0 {
+		t.Fatalf("rc = %d, stderr: %s", rc, errs)
+	}
+	var o Output
+	dec := json.NewDecoder(strings.NewReader(out))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&o); err != nil {
+		t.Fatalf("stdout is not the JSON object: %v\n%s", err, out)
+	}
+	if dec.More() {
+		t.Fatalf("stdout has more than one JSON value:\n%s", out)
+	}
+	return o
+}
+
+func write(t *testing.T, name, content string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// checkPlan: every pod of each pod set once, distinct GPUs per pod, GPUs
+// listed in nodes.yaml under that node.
+func checkPlan(t *testing.T, o Output, want map[string]int) {
+	t.Helper()
+	got := map[string]int{}
+	used := map[string]int64{}
+	for _, a := range o.Assignments {
+		got[a.PodSet]++
+		mine := map[string]bool{}
+		for _, g := range a.GPUs {
+			if mine[g.UUID] || !strings.HasPrefix(g.UUID, a.Node+"-") && !strings.HasPrefix(g.UUID, "GPU-h") {
+				t.Errorf("pod %s-%d on %s: GPU %s repeated or not on that node", a.PodSet, a.Index, a.Node, g.UUID)
+			}
+			mine[g.UUID] = true
+			used[g.UUID] += g.MemoryMiB
+			if used[g.UUID] > 72228 {
+				t.Errorf("GPU %s overcommitted: %d MiB", g.UUID, used[g.UUID])
+			}
+		}
+	}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("pods per pod set (-want +got):\n%s", d)
+	}
+}
+
+func TestPyTorchJobWholeCluster(t *testing.T) {
+	o := runJSON(t, "--nodes", "testdata/nodes.yaml", "--workload", "testdata/pytorchjob.yaml")
+	if !o.Fits || o.Level != "" || o.Domain != "" {
+		t.Fatalf("fits=%v level=%q domain=%q reasons=%q", o.Fits, o.Level, o.Domain, o.Reasons)
+	}
+	checkPlan(t, o, map[string]int{"master": 1, "worker": 7})
+	if !slicesContain(o.Reasons, "1 node without GPU inventory left out") {
+		t.Errorf("the CPU node is not mentioned: %q", o.Reasons)
+	}
+}
+
+func TestPyTorchJobInOneRackWithUsage(t *testing.T) {
+	o := runJSON(t, "fit", "--nodes", "testdata/nodes.yaml", "--pods", "testdata/pods.yaml",
+		"--workload", "testdata/pytorchjob.yaml", "--params", "testdata/params-rack.yaml")
+	if !o.Fits || o.Level != "rack" || o.Domain != "rack-a" {
+		t.Fatalf("fits=%v level=%q domain=%q reasons=%q", o.Fits, o.Level, o.Domain, o.Reasons)
+	}
+	checkPlan(t, o, map[string]int{"master": 1, "worker": 7})
+	for _, a := range o.Assignments {
+		if a.Node != "a1" && a.Node != "a2" {
+			t.Errorf("pod %s-%d on %s, outside rack-a", a.PodSet, a.Index, a.Node)
+		}
+	}
+}
+
+func TestFragmentationHeldWithReason(t *testing.T) {
+	// Three 80 GiB GPUs, one already holding a 30 GiB share: Kueue's
+	// aggregate would admit 3 × 50 GiB; per GPU it cannot be placed.
+	nodes := write(t, "nodes.yaml", `apiVersion: v1
+kind: NodeList
+items:
+- apiVersion: v1
+  kind: Node
+  metadata:
+    name: gpu-node
+    annotations:
+      gpupack.io/gpus: '[{"uuid":"gpu-node-g0","memoryMiB":81920},{"uuid":"gpu-node-g1","memoryMiB":81920},{"uuid":"gpu-node-g2","memoryMiB":81920}]'
+  status:
+    conditions: [{type: Ready, status: "True"}]
+`)
+	pods := write(t, "pods.yaml", `apiVersion: v1
+kind: Pod
+metadata:
+  name: small
+  namespace: team-a
+  annotations: {gpupack.io/devices: "gpu-node-g2:30720"}
+spec:
+  nodeName: gpu-node
+  containers:
+  - name: m
+    image: x
+    resources: {limits: {gpupack.io/vgpu: 1, gpupack.io/gpu-memory: 30720}}
+status: {phase: Running}
+`)
+	o := runJSON(t, "--nodes", nodes, "--pods", pods, "--workload", "testdata/job-50gi.yaml")
+	if o.Fits {
+		t.Fatalf("3 × 50 GiB fit next to a 30 GiB share on 3 × 80 GiB: %+v", o)
+	}
+	want := "cluster: 2 of 3 pods fit; binding constraint: only 2 GPUs have 51200 MiB free (need 51200 MiB per GPU)"
+	if !slicesContain(o.Reasons, want) || o.Reasons[0] != "Retry: it does not fit now" {
+		t.Errorf("reasons = %q, want Retry first and %q", o.Reasons, want)
+	}
+	if len(o.Assignments) != 0 || o.Assignments == nil {
+		t.Errorf("assignments = %#v, want an empty list", o.Assignments)
+	}
+	job30 := write(t, "job.yaml", strings.Replace(mustRead(t, "testdata/job-50gi.yaml"), "50Gi", "30Gi", 1))
+	o = runJSON(t, "--nodes", nodes, "--pods", pods, "--workload", job30)
+	if !o.Fits {
+		t.Fatalf("3 × 30 GiB does not fit: %q", o.Reasons)
+	}
+	checkPlan(t, o, map[string]int{"main": 3})
+	for _, a := range o.Assignments {
+		if a.GPUs[0].MemoryMiB != 30720 {
+			t.Errorf("pod %d reserves %d MiB, want 30720", a.Index, a.GPUs[0].MemoryMiB)
+		}
+	}
+}
+
+func TestWorkloadWithTopologyAnnotation(t *testing.T) {
+	o := runJSON(t, "--nodes", "testdata/nodes.yaml", "--pods", "testdata/pods.yaml", "--workload", "testdata/workload.yaml")
+	if !o.Fits || o.Level != "rack" {
+		t.Fatalf("fits=%v level=%q reasons=%q", o.Fits, o.Level, o.Reasons)
+	}
+	checkPlan(t, o, map[string]int{"main": 4})
+}
+
+func TestPendingWhileTerminatingPodsHoldGPUs(t *testing.T) {
+	pods := write(t, "pods.yaml", strings.Split(mustRead(t, "testdata/pods.yaml"), "- apiVersion: v1\n  kind: Pod\n  metadata:\n    name: other-0")[0]+
+		"- apiVersion: v1\n  kind: Pod\n  metadata:\n    name: leaving-0"+strings.SplitN(mustRead(t, "testdata/pods.yaml"), "name: leaving-0", 2)[1])
+	wl := write(t, "wl.yaml", `apiVersion: batch/v1
+kind: Job
+metadata: {name: big}
+spec:
+  parallelism: 1
+  template:
+    spec:
+      containers:
+      - name: m
+        image: x
+        resources: {limits: {nvidia.com/gpu: 8}}
+`)
+	o := runJSON(t, "--nodes", "testdata/nodes.yaml", "--pods", pods, "--workload", wl)
+	if o.Fits || len(o.Reasons) == 0 || !strings.HasPrefix(o.Reasons[0], "Pending: it fits once terminating pods release") {
+		t.Fatalf("fits=%v reasons=%q", o.Fits, o.Reasons)
+	}
+	// Without the pods file the same job fits on b1.
+	if o := runJSON(t, "--nodes", "testdata/nodes.yaml", "--workload", wl); !o.Fits || o.Assignments[0].Node != "b1" {
+		t.Errorf("without usage: %+v", o)
+	}
+}
+
+func TestRejectedWhenItCanNeverFit(t *testing.T) {
+	wl := write(t, "wl.yaml", `apiVersion: batch/v1
+kind: Job
+metadata: {name: huge}
+spec:
+  template:
+    spec:
+      containers:
+      - name: m
+        image: x
+        resources: {limits: {nvidia.com/gpu: 16}}
+`)
+	o := runJSON(t, "--nodes", "testdata/nodes.yaml", "--workload", wl)
+	if o.Fits || !strings.HasPrefix(o.Reasons[0], "Rejected: it does not fit even on an empty cluster") {
+		t.Fatalf("reasons = %q", o.Reasons)
+	}
+}
+
+func TestTextOutputAndBench(t *testing.T) {
+	rc, out, errs := run(t, "--nodes", "testdata/nodes.yaml", "--workload", "testdata/pytorchjob.yaml", "--bench", "5")
+	if rc != 0 {
+		t.Fatalf("rc=%d stderr=%s", rc, errs)
+	}
+	for _, want := range []string{"PyTorchJob llama: 8 pods in 2 pod sets", "master: 1 × 1 GPU (whole)", "Decision: Ready", "master-0 → ", "bench: 5 decisions: p50="} {
+		if !strings.Contains(out, want) {
+			t.Errorf("text output lacks %q:\n%s", want, out)
+		}
+	}
+	rc, out, errs = run(t, "--nodes", "testdata/nodes.yaml", "--workload", "testdata/pytorchjob.yaml", "--bench", "3", "-o", "json")
+	if rc != 0 || !strings.Contains(errs, "bench: 3 decisions") || json.Unmarshal([]byte(out), &Output{}) != nil {
+		t.Errorf("json + bench: rc=%d stdout=%s stderr=%s", rc, out, errs)
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	cases := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no nodes", []string{"--workload", "testdata/job-50gi.yaml"}, "gpupack fit: --nodes is required"},
+		{"no workload", []string{"--nodes", "testdata/nodes.yaml"}, "gpupack fit: --workload is required"},
+		{"bad output", []string{"--nodes", "testdata/nodes.yaml", "--workload", "testdata/job-50gi.yaml", "-o", "yaml"}, `-o "yaml": want text or json`},
+		{"unsupported kind", []string{"--nodes", "testdata/nodes.yaml", "--workload", "testdata/bad-kind.yaml"}, `apps/v1 "Deployment" is not supported`},
+		{"missing file", []string{"--nodes", "testdata/nope.yaml", "--workload", "testdata/job-50gi.yaml"}, "no such file"},
+		{"nodes file of pods", []string{"--nodes", "testdata/pods.yaml", "--workload", "testdata/job-50gi.yaml"}, `item 0 is a "Pod", want Node`},
+		{"params of the wrong kind", []string{"--nodes", "testdata/nodes.yaml", "--workload", "testdata/job-50gi.yaml", "--params", "testdata/workload.yaml"}, "want kind GangFitParameters"},
+		{"stray argument", []string{"--nodes", "testdata/nodes.yaml", "--workload", "testdata/job-50gi.yaml", "extra"}, `unexpected argument "extra"`},
+	}
+	for _, tc := range cases {
+		rc, out, errs := run(t, tc.args...)
+		if rc == 0 || out != "" || !strings.Contains(errs, tc.want) || strings.Count(strings.TrimSpace(errs), "\n") != 0 {
+			t.Errorf("%s: rc=%d stdout=%q stderr=%q, want one line with %q", tc.name, rc, out, errs, tc.want)
+		}
+	}
+}
+
+func mustRead(t *testing.T, p string) string {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func slicesContain(ss []string, s string) bool {
+	for _, x := range ss {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
