@@ -1,0 +1,179 @@
+package deviceplugin
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	v1alpha1 "github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
+)
+
+const vgpu = corev1.ResourceName(v1alpha1.ResourceVGPU)
+
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// podBuilder builds test pods that read like the situation they set up.
+type podBuilder struct{ p *corev1.Pod }
+
+func makePod(name string) *podBuilder {
+	return &podBuilder{p: &corev1.Pod{ObjectMeta: metav1.ObjectMeta{
+		Name: name, Namespace: "ns", UID: types.UID("uid-" + name), CreationTimestamp: metav1.NewTime(t0),
+		Annotations: map[string]string{},
+	}, Spec: corev1.PodSpec{NodeName: "n1"}, Status: corev1.PodStatus{Phase: corev1.PodPending}}}
+}
+
+func (b *podBuilder) Node(n string) *podBuilder { b.p.Spec.NodeName = n; return b }
+func (b *podBuilder) Devices(s string) *podBuilder {
+	b.p.Annotations[v1alpha1.AnnotationDevices] = s
+	return b
+}
+func (b *podBuilder) Created(d time.Duration) *podBuilder {
+	b.p.CreationTimestamp = metav1.NewTime(t0.Add(d))
+	return b
+}
+func (b *podBuilder) Phase(ph corev1.PodPhase) *podBuilder { b.p.Status.Phase = ph; return b }
+func (b *podBuilder) Container(name string, gpus int64) *podBuilder {
+	c := corev1.Container{Name: name}
+	if gpus > 0 {
+		c.Resources.Limits = corev1.ResourceList{vgpu: *resource.NewQuantity(gpus, resource.DecimalSI)}
+	}
+	b.p.Spec.Containers = append(b.p.Spec.Containers, c)
+	return b
+}
+func (b *podBuilder) Started(container string) *podBuilder {
+	b.p.Status.ContainerStatuses = append(b.p.Status.ContainerStatuses, corev1.ContainerStatus{Name: container, ContainerID: "containerd://x"})
+	return b
+}
+func (b *podBuilder) Obj() *corev1.Pod { return b.p }
+
+func slots(ids ...string) []string { return ids }
+
+func TestSlotGPU(t *testing.T) {
+	cases := []struct {
+		in, want string
+		err      bool
+	}{
+		{"GPU-a::0", "GPU-a", false},
+		{"GPU-a::b::12", "GPU-a::b", false},
+		{"GPU-a", "", true},
+		{"::3", "", true},
+		{"GPU-a::x", "", true},
+	}
+	for _, tc := range cases {
+		got, err := SlotGPU(tc.in)
+		if got != tc.want || (err != nil) != tc.err {
+			t.Errorf("SlotGPU(%q) = %q, %v", tc.in, got, err)
+		}
+	}
+	if g, _ := SlotGPU(SlotID("GPU-z", 7)); g != "GPU-z" {
+		t.Errorf("round trip = %q", g)
+	}
+}
+
+func TestMatch(t *testing.T) {
+	planned := makePod("a").Devices("G1:20000,G2:20000").Container("main", 2).Obj()
+	older := makePod("old").Devices("G1:10000").Container("main", 1).Created(-time.Minute).Obj()
+	newer := makePod("new").Devices("G1:30000").Container("main", 1).Created(time.Minute).Obj()
+	twoCtr := makePod("two").Devices("G3:1000,G4:2000,G5:3000").Container("a", 1).Container("side", 0).Container("b", 2).Obj()
+	cases := []struct {
+		name      string
+		ids       []string
+		pods      []*corev1.Pod
+		allocated map[types.UID]int
+		want      Chunk
+		wantErr   string
+	}{
+		{"planned GPUs", slots("G2::3", "G1::0"), []*corev1.Pod{planned}, nil,
+			Chunk{Pod: types.NamespacedName{Namespace: "ns", Name: "a"}, PodUID: "uid-a", Container: "main",
+				Devices: []v1alpha1.DeviceAssignment{{UUID: "G1", MemoryMiB: 20000}, {UUID: "G2", MemoryMiB: 20000}}}, ""},
+		{"slots on other GPUs", slots("G1::0", "G3::0"), []*corev1.Pod{planned}, nil, Chunk{},
+			"no pod planned on node n1 has gpupack.io/devices [G1 G3] for a container requesting 2 gpupack.io/vgpu; waiting: ns/a container main → G1:20000,G2:20000"},
+		{"two slots of one GPU do not make two GPUs", slots("G1::0", "G1::1"), []*corev1.Pod{planned}, nil, Chunk{}, "no pod planned"},
+		{"unplanned pod", slots("G7::0"), []*corev1.Pod{makePod("plain").Container("main", 1).Obj()}, nil, Chunk{},
+			"no planned pod is waiting for GPUs here"},
+		{"already allocated", slots("G1::0", "G2::0"), []*corev1.Pod{planned}, map[types.UID]int{"uid-a": 1}, Chunk{}, "no planned pod is waiting"},
+		{"started before agent restart", slots("G1::0", "G2::0"), []*corev1.Pod{makePod("a").Devices("G1:1,G2:1").Container("main", 2).Started("main").Obj()}, nil, Chunk{}, "no planned pod is waiting"},
+		{"other node", slots("G1::0", "G2::0"), []*corev1.Pod{makePod("a").Devices("G1:1,G2:1").Container("main", 2).Node("n2").Obj()}, nil, Chunk{}, "no planned pod is waiting"},
+		{"finished pod", slots("G1::0", "G2::0"), []*corev1.Pod{makePod("a").Devices("G1:1,G2:1").Container("main", 2).Phase(corev1.PodSucceeded).Obj()}, nil, Chunk{}, "no planned pod is waiting"},
+		{"oldest of two on one GPU", slots("G1::4"), []*corev1.Pod{newer, older}, nil,
+			Chunk{Pod: types.NamespacedName{Namespace: "ns", Name: "old"}, PodUID: "uid-old", Container: "main",
+				Devices: []v1alpha1.DeviceAssignment{{UUID: "G1", MemoryMiB: 10000}}}, ""},
+		{"then the newer", slots("G1::5"), []*corev1.Pod{newer, older}, map[types.UID]int{"uid-old": 1},
+			Chunk{Pod: types.NamespacedName{Namespace: "ns", Name: "new"}, PodUID: "uid-new", Container: "main",
+				Devices: []v1alpha1.DeviceAssignment{{UUID: "G1", MemoryMiB: 30000}}}, ""},
+		{"second container gets the rest", slots("G4::0", "G5::1"), []*corev1.Pod{twoCtr}, map[types.UID]int{"uid-two": 1},
+			Chunk{Pod: types.NamespacedName{Namespace: "ns", Name: "two"}, PodUID: "uid-two", Container: "b", Ordinal: 1,
+				Devices: []v1alpha1.DeviceAssignment{{UUID: "G4", MemoryMiB: 2000}, {UUID: "G5", MemoryMiB: 3000}}}, ""},
+		{"plan that does not add up is named", slots("G1::0"), []*corev1.Pod{makePod("bad").Devices("G1:1,G2:1").Container("main", 1).Obj()}, nil, Chunk{},
+			"unusable plan: pod ns/bad: containers request 1 gpupack.io/vgpu but gpupack.io/devices plans 2 GPUs"},
+		{"bad slot id", slots("nonsense"), nil, nil, Chunk{}, `device ID "nonsense" is not <gpu-uuid>::<slot>`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			alloc := tc.allocated
+			if alloc == nil {
+				alloc = map[types.UID]int{}
+			}
+			got, err := Match(tc.ids, tc.pods, "n1", vgpu, alloc)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err = %v, want it to contain %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d := cmp.Diff(tc.want, got); d != "" {
+				t.Errorf("(-want +got):\n%s", d)
+			}
+		})
+	}
+}
+
+func TestPreferred(t *testing.T) {
+	avail := slots("G1::0", "G1::1", "G2::0", "G2::1", "G3::0", "G3::1")
+	planned := makePod("a").Devices("G2:1,G3:1").Container("main", 2).Obj()
+	holder := makePod("h").Devices("G1:1").Container("main", 1).Started("main").Obj()
+	cases := []struct {
+		name  string
+		avail []string
+		must  []string
+		size  int
+		pods  []*corev1.Pod
+		want  []string
+	}{
+		{"planned GPUs", avail, nil, 2, []*corev1.Pod{planned}, slots("G2::0", "G3::0")},
+		{"planned GPUs keep must-include", avail, slots("G3::1"), 2, []*corev1.Pod{planned}, slots("G2::0", "G3::1")},
+		{"unplanned avoids held GPUs", avail, nil, 1, []*corev1.Pod{holder}, slots("G2::0")},
+		{"unplanned spreads over GPUs", avail, nil, 2, nil, slots("G1::0", "G2::0")},
+		{"more slots than GPUs", slots("G1::0", "G1::1", "G2::0"), nil, 3, nil, slots("G1::0", "G2::0", "G1::1")},
+	}
+	for _, tc := range cases {
+		got := Preferred(tc.avail, tc.must, tc.size, tc.pods, "n1", vgpu, map[types.UID]int{})
+		if d := cmp.Diff(tc.want, got); d != "" {
+			t.Errorf("%s (-want +got):\n%s", tc.name, d)
+		}
+	}
+}
+
+func FuzzSlotGPU(f *testing.F) {
+	for _, s := range []string{"GPU-a::0", "::", "a::-1", "a::b::c"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		g, err := SlotGPU(s)
+		if err != nil {
+			return
+		}
+		if g == "" || !strings.HasPrefix(s, g+slotSep) {
+			t.Fatalf("SlotGPU(%q) = %q", s, g)
+		}
+	})
+}
