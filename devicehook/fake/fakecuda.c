@@ -32,7 +32,7 @@
 #define EXPORT __attribute__((visibility("default")))
 #define MAXDEV 8
 #define MAXPROC 256
-#define QUEUE_NS 5000000ull
+#define QUEUE_NS 50000000ull
 #define HDR 64
 
 struct fake_ctx {

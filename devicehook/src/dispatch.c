@@ -101,7 +101,7 @@ static struct gp_hook hooks[IDX_COUNT] = {
 
 extern char **environ;
 
-static void resolve_real_dlsym(void)
+__attribute__((no_sanitize("address", "undefined"))) static void resolve_real_dlsym(void)
 {
 	void *f = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
 	if (f == NULL)
@@ -763,15 +763,24 @@ static struct gp_hook *by_symbol(const char *name)
 	return NULL;
 }
 
-__attribute__((visibility("default"))) void *dlsym(void *handle, const char *name)
+/* dlsym may be called before any constructor ran, even while a sanitizer
+ * runtime is initialising (the ASan build): the pass-through path is not
+ * instrumented and calls nothing but the real dlsym. */
+#define GP_NO_SAN __attribute__((no_sanitize("address", "undefined")))
+
+GP_NO_SAN static inline int maybe_ours(const char *n)
+{
+	return (n[0] == 'c' && n[1] == 'u') || (n[0] == 'n' && n[1] == 'v' && n[2] == 'm' && n[3] == 'l');
+}
+
+GP_NO_SAN __attribute__((visibility("default"))) void *dlsym(void *handle, const char *name)
 {
 	if (gp.real_dlsym == NULL)
 		resolve_real_dlsym();
 	/* RTLD_NEXT is relative to the caller: a tail call keeps the caller's
 	 * return address, which is how glibc finds it. Names that are not
 	 * ours take the same road. */
-	if (handle == RTLD_NEXT ||
-	    !((name[0] == 'c' && name[1] == 'u') || !strncmp(name, "nvml", 4)))
+	if (handle == RTLD_NEXT || !maybe_ours(name))
 		return gp.real_dlsym(handle, name);
 	void *r = gp.real_dlsym(handle, name);
 	struct gp_hook *h;

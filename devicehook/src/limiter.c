@@ -57,7 +57,7 @@ static int nvml_ready(void)
 
 /* The container's SM utilisation on dev over the last period, percent, or
  * -1 when NVML gave nothing usable. */
-static double measure(int dev)
+static double measure(int dev, uint64_t launched)
 {
 	struct gp_limiter *l = &gp.lim[dev];
 	nvmlDevice_t h;
@@ -87,9 +87,13 @@ static double measure(int dev)
 				matched = 1;
 			}
 	}
-	if (!matched && n > 0 && gp.nvml_util) {
-		/* Our pids are not NVML's (pid namespace): fall back to the whole
-		 * device, which can only over-throttle, never under-throttle. */
+	if (matched)
+		l->pids_visible = 1;
+	else if (n > 0 && launched > 0 && !l->pids_visible && gp.nvml_util) {
+		/* We launched but NVML has never shown our pids (pid namespace):
+		 * fall back to the whole device, which can only over-throttle.
+		 * Once our pids have been seen, "not listed" means "idle"; other
+		 * processes' work must never be charged to us. */
 		nvmlUtilization_t u;
 		if (gp.nvml_util(h, &u) == NVML_SUCCESS)
 			return u.gpu;
@@ -113,8 +117,8 @@ static void *control_loop(void *arg)
 			struct gp_limiter *l = &gp.lim[d];
 			if (l->target == 0)
 				continue;
-			double u = measure(d);
 			uint64_t launched = atomic_exchange(&l->launched, 0);
+			double u = measure(d, launched);
 			int waited = atomic_exchange(&l->waited, 0);
 			pthread_mutex_lock(&l->mu);
 			double r = gp_limiter_next_rate(l->rate, l->target, u, dt > 0 ? launched / dt : 0, waited);
@@ -142,13 +146,13 @@ static void start_control(void)
 	int z = 0;
 	if (!atomic_compare_exchange_strong(&gp.limiter_started, &z, 1))
 		return;
-	if (gp.libnvml == NULL) {
-		gp.libnvml = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
-		if (gp.libnvml) {
-			gp.nvml_init = (gp_fn_nvml_init)gp.real_dlsym(gp.libnvml, "nvmlInit_v2");
-			gp.nvml_byindex = (gp_fn_nvml_byindex)gp.real_dlsym(gp.libnvml, "nvmlDeviceGetHandleByIndex_v2");
-			gp.nvml_procutil = (gp_fn_nvml_procutil)gp.real_dlsym(gp.libnvml, "nvmlDeviceGetProcessUtilization");
-			gp.nvml_util = (gp_fn_nvml_util)gp.real_dlsym(gp.libnvml, "nvmlDeviceGetUtilizationRates");
+	void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+	if (lib != NULL) {
+		{
+			gp.nvml_init = (gp_fn_nvml_init)gp.real_dlsym(lib, "nvmlInit_v2");
+			gp.nvml_byindex = (gp_fn_nvml_byindex)gp.real_dlsym(lib, "nvmlDeviceGetHandleByIndex_v2");
+			gp.nvml_procutil = (gp_fn_nvml_procutil)gp.real_dlsym(lib, "nvmlDeviceGetProcessUtilization");
+			gp.nvml_util = (gp_fn_nvml_util)gp.real_dlsym(lib, "nvmlDeviceGetUtilizationRates");
 		}
 	}
 	if (gp.nvml_init == NULL || gp.nvml_init() != NVML_SUCCESS) {
@@ -186,7 +190,9 @@ void gp_limiter_admit(int dev, uint64_t cost)
 			l->last_ns = now;
 			break;
 		}
-		double burst = l->rate * (double)gp.cfg.sm_period_ms / 1000.0;
+		/* Burst: one period, but at least 50 ms, so a process the CPU
+		 * scheduler delayed can catch up on what it was owed. */
+		double burst = l->rate * (gp.cfg.sm_period_ms < 50 ? 0.05 : (double)gp.cfg.sm_period_ms / 1000.0);
 		l->tokens += l->rate * (double)(now - l->last_ns) / 1e9;
 		if (l->tokens > burst)
 			l->tokens = burst;

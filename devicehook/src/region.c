@@ -78,10 +78,9 @@ static uint64_t start_time_of(pid_t pid)
 	char *p = strrchr(buf, ')');
 	if (p == NULL)
 		return 0;
-	p++;
-	for (int field = 2; field < 22 && p; field++) {
+	p++; /* the space before field 3 */
+	for (int field = 3; field < 22 && p; field++)
 		p = strchr(p + 1, ' ');
-	}
 	return p ? strtoull(p + 1, NULL, 10) : 0;
 }
 

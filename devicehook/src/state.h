@@ -114,6 +114,7 @@ struct gp_limiter {
 	_Atomic uint64_t launched; /* cost admitted since the last control tick */
 	_Atomic int waited;        /* a launch waited since the last tick */
 	unsigned long long last_sample_us;
+	int pids_visible; /* NVML has listed one of our pids at least once */
 };
 
 void gp_limiter_setup(void);
