@@ -161,3 +161,15 @@ func writeAtomic(path string, data []byte, mode os.FileMode) error {
 	}
 	return os.Rename(tmp, path)
 }
+
+func (e *Env) startTrainingOperator(t TB) {
+	t.Helper()
+	port, err := FreePort()
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	e.StartProcess(t, "training-operator", filepath.Join(ToolsDir(), "training-operator"),
+		"--kubeconfig="+e.Kubeconfig, "--enable-scheme=pytorchjob",
+		"--metrics-bind-address=0", "--health-probe-bind-address=0",
+		fmt.Sprintf("--webhook-server-port=%d", port), "--zap-log-level=info")
+}

@@ -71,6 +71,9 @@ type Options struct {
 	NoKueue bool
 	// KueueFeatureGates are extra --feature-gates for Kueue (k=v,…).
 	KueueFeatureGates string
+	// TrainingOperator starts the Kubeflow training operator, which creates
+	// the pods of admitted PyTorchJobs.
+	TrainingOperator bool
 	// WaitForPodsReady turns on Kueue's waitForPodsReady (seed §1's
 	// all-or-nothing timeout), for the "without gpupack" comparison.
 	WaitForPodsReady bool
@@ -203,7 +206,7 @@ func Start(t TB, opts Options) *Env {
 	if err := os.WriteFile(e.Kubeconfig, kc, 0o600); err != nil {
 		t.Fatalf("%v", err)
 	}
-	for _, ns := range []string{"kueue-system", "gpupack-system"} {
+	for _, ns := range []string{"kueue-system", "gpupack-system", "kubeflow"} {
 		if err := e.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil && !apierrors.IsAlreadyExists(err) {
 			t.Fatalf("namespace %s: %v", ns, err)
 		}
@@ -213,6 +216,9 @@ func Start(t TB, opts Options) *Env {
 	}
 	if opts.Scheduler {
 		e.startScheduling(t)
+	}
+	if opts.TrainingOperator {
+		e.startTrainingOperator(t)
 	}
 	return e
 }

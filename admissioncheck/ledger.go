@@ -1,0 +1,145 @@
+package admissioncheck
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
+	"github.com/gpupack/gpupack/admissioncheck/fit"
+	"github.com/gpupack/gpupack/admissioncheck/inventory"
+	"github.com/gpupack/gpupack/flavors"
+)
+
+// ledger is the cluster as the check sees it for one decision, rebuilt from
+// the API every time (nothing lives only in memory): nodes' inventories,
+// pods holding GPUs (terminating ones included until gone) and the GPUPlans
+// of workloads admitted but not yet (fully) placed.
+type ledger struct {
+	nodes []fit.Node
+	// all counts every holder; settled leaves out terminating pods, to tell
+	// "fits once they are gone" (Pending) from "does not fit" (Retry).
+	all, settled *fit.Model
+	terminatingPods int
+	warnings        []string
+}
+
+// planReader reads GPUPlans bypassing the informer cache, so a plan created
+// by the previous decision is always seen by the next one.
+func buildLedger(ctx context.Context, c client.Client, planReader client.Reader, buf flavors.Buffer, skipPlan client.ObjectKey) (*ledger, error) {
+	var nodes corev1.NodeList
+	if err := c.List(ctx, &nodes); err != nil {
+		return nil, err
+	}
+	l := &ledger{}
+	for i := range nodes.Items {
+		n := &nodes.Items[i]
+		if !hasGPUInventory(n) {
+			continue
+		}
+		fn, err := inventory.NodeFromObject(n, buf, "")
+		if err != nil {
+			l.warnings = append(l.warnings, fmt.Sprintf("node %s ignored: %v", n.Name, err))
+			continue
+		}
+		l.nodes = append(l.nodes, fn)
+	}
+	l.all = fit.NewModel(l.nodes)
+	l.settled = fit.NewModel(l.nodes)
+
+	var plans v1alpha1.GPUPlanList
+	if err := planReader.List(ctx, &plans); err != nil {
+		return nil, err
+	}
+	active := map[client.ObjectKey]bool{}
+	for i := range plans.Items {
+		p := &plans.Items[i]
+		key := client.ObjectKeyFromObject(p)
+		if key == skipPlan {
+			continue
+		}
+		slots := inventory.PlanSlots(p)
+		if len(slots) == 0 {
+			continue
+		}
+		active[key] = true
+		for _, s := range slots {
+			for _, u := range s.Usage {
+				l.use(u, false)
+			}
+		}
+	}
+	plansActive.Set(float64(len(active)))
+
+	var pods corev1.PodList
+	if err := c.List(ctx, &pods); err != nil {
+		return nil, err
+	}
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		if _, ok := p.Annotations[v1alpha1.AnnotationDevices]; !ok {
+			continue
+		}
+		// A pod of an active plan is counted through its plan's slot.
+		if plan := p.Annotations[v1alpha1.AnnotationPlan]; plan != "" && active[client.ObjectKey{Namespace: p.Namespace, Name: plan}] {
+			continue
+		}
+		us, holds, err := inventory.PodUsage(p)
+		if err != nil {
+			l.warnings = append(l.warnings, fmt.Sprintf("pod %s/%s: %v", p.Namespace, p.Name, err))
+			continue
+		}
+		if !holds {
+			continue
+		}
+		terminating := p.DeletionTimestamp != nil
+		if terminating {
+			l.terminatingPods++
+		}
+		for _, u := range us {
+			l.use(u, terminating)
+		}
+	}
+	return l, nil
+}
+
+func (l *ledger) use(u fit.Usage, terminating bool) {
+	if err := l.all.Use(u); err != nil {
+		l.warnings = append(l.warnings, err.Error())
+		return
+	}
+	if !terminating {
+		_ = l.settled.Use(u)
+	}
+}
+
+// hasGPUInventory: nodes with no GPU source at all are simply not GPU nodes.
+func hasGPUInventory(n *corev1.Node) bool {
+	if _, ok := n.Annotations[v1alpha1.AnnotationGPUs]; ok {
+		return true
+	}
+	if _, ok := n.Annotations[v1alpha1.AnnotationHAMiNodeRegister]; ok {
+		return true
+	}
+	_, ok := n.Labels[flavors.LabelGPUProduct]
+	return ok
+}
+
+// recordCapacity exports allocatable/used MiB per model.
+func recordCapacity(l *ledger) {
+	alloc, used := map[string]float64{}, map[string]float64{}
+	for _, n := range l.nodes {
+		for _, g := range n.GPUs {
+			alloc[g.Model] += float64(g.AllocatableMiB)
+			if free, _, _, ok := l.all.GPUState(g.UUID); ok {
+				used[g.Model] += float64(g.AllocatableMiB - free)
+			}
+		}
+	}
+	for m, v := range alloc {
+		allocatableMiB.WithLabelValues(m).Set(v)
+		usedMiB.WithLabelValues(m).Set(used[m])
+	}
+}
