@@ -21,7 +21,7 @@ type ledger struct {
 	nodes []fit.Node
 	// all counts every holder; settled leaves out terminating pods, to tell
 	// "fits once they are gone" (Pending) from "does not fit" (Retry).
-	all, settled *fit.Model
+	all, settled    *fit.Model
 	terminatingPods int
 	warnings        []string
 }
