@@ -1,0 +1,182 @@
+package preemption
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/types"
+	kueue "sigs.k8s.io/kueue/apis/kueue/v1beta2"
+
+	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
+	"github.com/gpupack/gpupack/checkpoint/agent"
+	"github.com/gpupack/gpupack/preemption/ladder"
+)
+
+// Reasons recorded in the state and the Events.
+const (
+	ReasonKueueEvicted     = "Evicted"          // Kueue's Evicted condition
+	ReasonKueuePreempted   = "Preempted"        // Kueue's Preempted condition
+	ReasonDisruptionTarget = "DisruptionTarget" // a pod's DisruptionTarget condition (Volcano, taint manager…)
+	ReasonEviction         = "Eviction"         // a drain's eviction request held by the webhook
+)
+
+// optedIn: the pod runs gpupack-ckpt.
+func optedIn(pod *corev1.Pod) bool {
+	return pod.Annotations[v1alpha1.AnnotationCheckpoint] == "true"
+}
+
+func finished(pod *corev1.Pod) bool {
+	return pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
+}
+
+func disrupted(pod *corev1.Pod) bool {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.DisruptionTarget && c.Status == corev1.ConditionTrue {
+			return true
+		}
+	}
+	return false
+}
+
+// reportedSteps reads what the pod's agent said: the annotation (the step
+// of the checkpoint saved for the request) and the termination messages
+// (that step plus the other verified steps). reported is true once a new
+// checkpoint answered the request.
+func reportedSteps(pod *corev1.Pod) (steps []int64, reported bool) {
+	if v, ok := pod.Annotations[v1alpha1.AnnotationCheckpointStep]; ok {
+		if n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil && n >= 0 {
+			steps = append(steps, n)
+			reported = true
+		}
+	}
+	for _, cs := range pod.Status.ContainerStatuses {
+		if cs.State.Terminated == nil || cs.State.Terminated.Message == "" {
+			continue
+		}
+		rep, err := agent.ParseReport(cs.State.Terminated.Message)
+		if err != nil {
+			continue // not gpupack-ckpt's report
+		}
+		if rep.CheckpointStep != nil {
+			steps = append(steps, *rep.CheckpointStep)
+			reported = true
+		}
+		steps = append(steps, rep.VerifiedSteps...)
+	}
+	return steps, reported
+}
+
+// observePod translates one pod for the ladder.
+func observePod(pod *corev1.Pod, defaultGrace time.Duration) ladder.Pod {
+	steps, reported := reportedSteps(pod)
+	grace := defaultGrace
+	if g := pod.Spec.TerminationGracePeriodSeconds; g != nil {
+		grace = time.Duration(*g) * time.Second
+	}
+	return ladder.Pod{
+		Name:                pod.Name,
+		OptedIn:             optedIn(pod),
+		Terminating:         pod.DeletionTimestamp != nil,
+		Finished:            finished(pod),
+		CheckpointRequested: pod.Annotations[v1alpha1.AnnotationCheckpointRequest] != "",
+		Steps:               steps,
+		Reported:            reported,
+		Grace:               grace,
+	}
+}
+
+// evictedBy says whether (and why) a workload is being evicted: Kueue's
+// conditions first, then any live pod being disrupted or drained.
+func evictedBy(wl *kueue.Workload, pods []corev1.Pod) (string, bool) {
+	if apimeta.IsStatusConditionTrue(wl.Status.Conditions, kueue.WorkloadPreempted) {
+		return ReasonKueuePreempted, true
+	}
+	if apimeta.IsStatusConditionTrue(wl.Status.Conditions, kueue.WorkloadEvicted) {
+		return ReasonKueueEvicted, true
+	}
+	for i := range pods {
+		p := &pods[i]
+		if finished(p) {
+			continue
+		}
+		if disrupted(p) {
+			return ReasonDisruptionTarget, true
+		}
+	}
+	for i := range pods {
+		p := &pods[i]
+		if !finished(p) && optedIn(p) && p.Annotations[v1alpha1.AnnotationCheckpointRequest] != "" {
+			return ReasonEviction, true
+		}
+	}
+	return "", false
+}
+
+// checkpointTimeout is the job's gpupack.io/checkpoint-timeout, read from
+// the first pod, the job, or the workload's pod templates that has one.
+func checkpointTimeout(pods []corev1.Pod, jobAnnotations map[string]string, wl *kueue.Workload) (time.Duration, error) {
+	sources := []map[string]string{}
+	for i := range pods {
+		sources = append(sources, pods[i].Annotations)
+	}
+	sources = append(sources, jobAnnotations)
+	for i := range wl.Spec.PodSets {
+		sources = append(sources, wl.Spec.PodSets[i].Template.Annotations)
+	}
+	for _, a := range sources {
+		if v, ok := a[v1alpha1.AnnotationCheckpointTimeout]; ok {
+			return parseTimeout(v)
+		}
+	}
+	return 0, nil
+}
+
+func parseTimeout(v string) (time.Duration, error) {
+	d, err := time.ParseDuration(strings.TrimSpace(v))
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("%s %q is not a positive duration (e.g. 5m)", v1alpha1.AnnotationCheckpointTimeout, v)
+	}
+	return d, nil
+}
+
+// loadState reads the durable state; a missing annotation is no preemption.
+func loadState(annotations map[string]string) (ladder.State, error) {
+	raw, ok := annotations[v1alpha1.AnnotationPreemptionPhase]
+	if !ok || raw == "" {
+		return ladder.State{}, nil
+	}
+	var st ladder.State
+	if err := json.Unmarshal([]byte(raw), &st); err != nil {
+		return ladder.State{}, fmt.Errorf("%s: %w", v1alpha1.AnnotationPreemptionPhase, err)
+	}
+	switch st.Phase {
+	case ladder.PhaseNone, ladder.PhaseCheckpointing, ladder.PhaseTerminating, ladder.PhaseKilling, ladder.PhaseDone:
+	default:
+		return ladder.State{}, fmt.Errorf("%s: unknown phase %q", v1alpha1.AnnotationPreemptionPhase, st.Phase)
+	}
+	if st.Phase == ladder.PhaseCheckpointing && st.CheckpointDeadline == nil {
+		return ladder.State{}, fmt.Errorf("%s: phase Checkpointing without a deadline", v1alpha1.AnnotationPreemptionPhase)
+	}
+	return st, nil
+}
+
+// PreemptionState returns the coordinator's durable record of a workload's
+// preemption (for tests, the CLI, and other gpupack parts).
+func PreemptionState(wl *kueue.Workload) (ladder.State, error) {
+	return loadState(wl.Annotations)
+}
+
+// ownerRef is the workload's job.
+func jobOf(wl *kueue.Workload) (apiVersion, kind, name string, uid types.UID, ok bool) {
+	for _, o := range wl.OwnerReferences {
+		if o.Controller != nil && *o.Controller {
+			return o.APIVersion, o.Kind, o.Name, o.UID, true
+		}
+	}
+	return "", "", "", "", false
+}

@@ -1,0 +1,117 @@
+package preemption
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"net/http"
+	"time"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
+	"github.com/gpupack/gpupack/preemption/ladder"
+)
+
+// EvictionWebhookPath is where the pods/eviction validating webhook is
+// served. Its configuration: rules CREATE on pods/eviction (group "",
+// version v1), sideEffects NoneOnDryRun (it annotates the pod), and
+// failurePolicy Ignore (a coordinator that is down must not block drains).
+const EvictionWebhookPath = "/validate-gpupack-io-pods-eviction"
+
+// EvictionHandler holds back a drain's eviction of an opted-in pod until
+// the pod has checkpointed or its budget is spent: the first attempt
+// requests the checkpoint (gpupack.io/checkpoint-request = now), later
+// ones get 429 with a Retry-After until the agent reports or the budget
+// (the pod's checkpoint timeout) runs out.
+type EvictionHandler struct {
+	// Reader is read live (not from a cache): a drain retries every few
+	// seconds and must see the agent's report at once.
+	Reader         client.Reader
+	Client         client.Client
+	DefaultTimeout time.Duration
+	Now            func() time.Time
+}
+
+var _ admission.Handler = &EvictionHandler{}
+
+// Handle answers one eviction.
+func (h *EvictionHandler) Handle(ctx context.Context, req admission.Request) admission.Response {
+	if req.Operation != admissionv1.Create || req.SubResource != "eviction" {
+		return admission.Allowed("not an eviction")
+	}
+	var pod corev1.Pod
+	if err := h.Reader.Get(ctx, types.NamespacedName{Namespace: req.Namespace, Name: req.Name}, &pod); err != nil {
+		if apierrors.IsNotFound(err) {
+			return admission.Allowed("pod not found")
+		}
+		// Do not block a drain on our own trouble.
+		log.FromContext(ctx).Error(err, "eviction webhook: reading pod; allowing", "pod", req.Namespace+"/"+req.Name)
+		return admission.Allowed("gpupack could not read the pod")
+	}
+	now := h.Now()
+	v := ladder.Evict(h.evictionPod(&pod), now)
+	if v.Allow {
+		if optedIn(&pod) {
+			evictionsHeld.WithLabelValues("allowed").Inc()
+		}
+		return admission.Allowed(v.Reason)
+	}
+	if v.Request && (req.DryRun == nil || !*req.DryRun) {
+		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
+			v1alpha1.AnnotationCheckpointRequest: now.UTC().Format(time.RFC3339),
+		}}})
+		if err := h.Client.Patch(ctx, &pod, client.RawPatch(types.MergePatchType, patch), client.FieldOwner(ControllerName)); err != nil {
+			log.FromContext(ctx).Error(err, "eviction webhook: requesting a checkpoint; allowing", "pod", req.Namespace+"/"+req.Name)
+			return admission.Allowed("gpupack could not request a checkpoint")
+		}
+	}
+	evictionsHeld.WithLabelValues("held").Inc()
+	secs := int32(math.Ceil(v.RetryAfter.Seconds()))
+	return admission.Response{AdmissionResponse: admissionv1.AdmissionResponse{
+		Allowed: false,
+		Result: &metav1.Status{
+			Status:  metav1.StatusFailure,
+			Code:    http.StatusTooManyRequests,
+			Reason:  metav1.StatusReasonTooManyRequests,
+			Message: fmt.Sprintf("gpupack: pod %s/%s is checkpointing (%s); retry in %ds", pod.Namespace, pod.Name, v.Reason, secs),
+			Details: &metav1.StatusDetails{Name: pod.Name, Kind: "pods", RetryAfterSeconds: secs},
+		},
+	}}
+}
+
+func (h *EvictionHandler) evictionPod(pod *corev1.Pod) ladder.EvictionPod {
+	_, reported := reportedSteps(pod)
+	budget := h.DefaultTimeout
+	if v, ok := pod.Annotations[v1alpha1.AnnotationCheckpointTimeout]; ok {
+		if d, err := parseTimeout(v); err == nil {
+			budget = d
+		}
+	}
+	var reqAt time.Time
+	if v := pod.Annotations[v1alpha1.AnnotationCheckpointRequest]; v != "" {
+		if t, err := time.Parse(time.RFC3339, v); err == nil {
+			reqAt = t
+		} else {
+			// Set by someone else in another format: count the budget
+			// from the pod's creation so the drain is never held forever.
+			reqAt = pod.CreationTimestamp.Time
+		}
+	}
+	return ladder.EvictionPod{
+		OptedIn:     optedIn(pod),
+		Terminating: pod.DeletionTimestamp != nil,
+		Finished:    finished(pod),
+		RequestedAt: reqAt,
+		Reported:    reported,
+		Budget:      budget,
+	}
+}

@@ -1,0 +1,93 @@
+package preemption
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
+)
+
+func evictionRequest(pod string) admission.Request {
+	return admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
+		Operation: admissionv1.Create, SubResource: "eviction", Namespace: "ns", Name: pod,
+	}}
+}
+
+func TestEvictionHandlerHoldsUntilCheckpointed(t *testing.T) {
+	opted := rankPod("w0")
+	opted.Annotations[v1alpha1.AnnotationCheckpointTimeout] = "30s"
+	h := newHarness(t, opted, &corev1.Pod{ObjectMeta: rankPod("plain").ObjectMeta})
+	plain := h.pod("plain")
+	delete(plain.Annotations, v1alpha1.AnnotationCheckpoint)
+	h.c.Update(context.Background(), plain)
+	now := t0
+	wh := &EvictionHandler{Reader: h.c, Client: h.c, DefaultTimeout: time.Minute, Now: func() time.Time { return now }}
+	ctx := context.Background()
+
+	type step struct {
+		name      string
+		at        time.Duration
+		pod       string
+		before    func()
+		wantAllow bool
+		wantRetry int32
+	}
+	steps := []step{
+		{name: "not opted in", pod: "plain", wantAllow: true},
+		{name: "first attempt: request, hold", pod: "w0", wantRetry: 5},
+		{name: "retry while saving", at: 10 * time.Second, pod: "w0", wantRetry: 5},
+		{name: "agent reported", at: 12 * time.Second, pod: "w0", before: func() { h.annotatePod("w0", v1alpha1.AnnotationCheckpointStep, "7") }, wantAllow: true},
+	}
+	for _, s := range steps {
+		if s.before != nil {
+			s.before()
+		}
+		now = t0.Add(s.at)
+		resp := wh.Handle(ctx, evictionRequest(s.pod))
+		if resp.Allowed != s.wantAllow {
+			t.Fatalf("%s: allowed %v, want %v (%+v)", s.name, resp.Allowed, s.wantAllow, resp.Result)
+		}
+		if !s.wantAllow && (resp.Result.Code != http.StatusTooManyRequests || resp.Result.Details.RetryAfterSeconds != s.wantRetry) {
+			t.Errorf("%s: result %+v, want 429 retry %d", s.name, resp.Result, s.wantRetry)
+		}
+	}
+	if got := h.pod("w0").Annotations[v1alpha1.AnnotationCheckpointRequest]; got != t0.Format(time.RFC3339) {
+		t.Errorf("request annotation %q, want the first attempt's time", got)
+	}
+}
+
+func TestEvictionHandlerBudget(t *testing.T) {
+	p := rankPod("w0")
+	p.Annotations[v1alpha1.AnnotationCheckpointTimeout] = "30s"
+	h := newHarness(t, p)
+	now := t0
+	wh := &EvictionHandler{Reader: h.c, Client: h.c, DefaultTimeout: time.Minute, Now: func() time.Time { return now }}
+	if resp := wh.Handle(context.Background(), evictionRequest("w0")); resp.Allowed {
+		t.Fatal("first attempt allowed")
+	}
+	now = t0.Add(29 * time.Second)
+	if resp := wh.Handle(context.Background(), evictionRequest("w0")); resp.Allowed || resp.Result.Details.RetryAfterSeconds != 1 {
+		t.Fatalf("just before the budget: %+v", resp.Result)
+	}
+	now = t0.Add(30 * time.Second)
+	if resp := wh.Handle(context.Background(), evictionRequest("w0")); !resp.Allowed {
+		t.Fatalf("budget spent but still held: %+v", resp.Result)
+	}
+	// Dry runs never annotate.
+	q := rankPod("w1")
+	h2 := newHarness(t, q)
+	wh.Reader, wh.Client = h2.c, h2.c
+	req := evictionRequest("w1")
+	req.DryRun = new(bool)
+	*req.DryRun = true
+	wh.Handle(context.Background(), req)
+	if h2.pod("w1").Annotations[v1alpha1.AnnotationCheckpointRequest] != "" {
+		t.Error("dry-run eviction requested a checkpoint")
+	}
+}
