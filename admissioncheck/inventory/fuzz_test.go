@@ -1,7 +1,6 @@
 package inventory
 
 import (
-	"strconv"
 	"strings"
 	"testing"
 
@@ -11,6 +10,7 @@ import (
 	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
 	"github.com/gpupack/gpupack/admissioncheck/fit"
 	"github.com/gpupack/gpupack/flavors"
+	"github.com/gpupack/gpupack/webhooks/gpureq"
 )
 
 // FuzzParseHAMiRegister: never panics; what it accepts is a usable
@@ -62,26 +62,6 @@ func FuzzParseHAMiRegister(f *testing.F) {
 	})
 }
 
-// FuzzParseMemoryMiB: never panics; an accepted value is in range and reads
-// back the same as plain MiB.
-func FuzzParseMemoryMiB(f *testing.F) {
-	for _, s := range []string{"20Gi", "20480", "1.5Gi", "1G", "0", "-1", "1e100", "100m", "1Ki", "9223372036854775807", "0x10", "1E3", "+5", "16Ti"} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, s string) {
-		n, err := ParseMemoryMiB(s)
-		if err != nil {
-			return
-		}
-		if n < 1 || n > MaxMemoryMiB {
-			t.Fatalf("ParseMemoryMiB(%q) = %d out of range", s, n)
-		}
-		if back, err := ParseMemoryMiB(strconv.FormatInt(n, 10)); err != nil || back != n {
-			t.Fatalf("round trip of %q: %d → %d, %v", s, n, back, err)
-		}
-	})
-}
-
 // FuzzTemplateRequest: arbitrary resources and annotations either give a
 // clear error or a pod set the engine accepts.
 func FuzzTemplateRequest(f *testing.F) {
@@ -111,7 +91,7 @@ func FuzzTemplateRequest(f *testing.F) {
 			return
 		}
 		ps.Name, ps.Count = "p", 1
-		bad := ps.GPUsPerPod < 1 || ps.GPUsPerPod > 1024 || ps.MemoryMiB < 0 || ps.MemoryMiB > MaxMemoryMiB ||
+		bad := ps.GPUsPerPod < 1 || ps.GPUsPerPod > 1024 || ps.MemoryMiB < 0 || ps.MemoryMiB > gpureq.MaxMemoryMiB ||
 			ps.MemoryPercent < 0 || ps.MemoryPercent > 100 || ps.Cores < 0 || ps.Cores > 100 ||
 			(ps.MemoryMiB > 0 && ps.MemoryPercent > 0)
 		if bad {

@@ -78,14 +78,21 @@ func TestGangFromPodSets(t *testing.T) {
 			want: []fit.PodSet{{Name: "h", Count: 1, GPUsPerPod: 1, MemoryMiB: 3000, Cores: 25}},
 		},
 		{
-			name: "vgpu with memory percentage annotation",
-			in:   []kueue.PodSet{podSet("w", 1, map[string]string{v1alpha1.AnnotationHAMiGPUMemPercentage: "25"}, rl(v1alpha1.ResourceVGPU, 2, v1alpha1.ResourceGPUCores, 40))},
+			name: "memory percentage stays a percentage",
+			in:   []kueue.PodSet{podSet("w", 1, map[string]string{v1alpha1.AnnotationHAMiGPUMemPercentage: "25", v1alpha1.AnnotationGPUCores: "20"}, rl(v1alpha1.ResourceNvidiaGPU, 2))},
 			want: []fit.PodSet{{Name: "w", Count: 1, GPUsPerPod: 2, MemoryPercent: 25, Cores: 20}},
 		},
 		{
 			name:    "both whole and shared",
 			in:      []kueue.PodSet{podSet("w", 1, nil, rl(v1alpha1.ResourceNvidiaGPU, 1, v1alpha1.ResourceVGPU, 1, v1alpha1.ResourceGPUMemory, 5))},
-			wantErr: "pod set w: asks for both nvidia.com/gpu and gpupack.io/vgpu",
+			wantErr: `pod set w: container "c0" asks for both nvidia.com/gpu and gpupack.io/vgpu`,
+		},
+		{
+			name: "containers that disagree on the share",
+			in: []kueue.PodSet{podSet("w", 1, nil,
+				rl(v1alpha1.ResourceVGPU, 1, v1alpha1.ResourceGPUMemory, 1000),
+				rl(v1alpha1.ResourceVGPU, 1, v1alpha1.ResourceGPUMemory, 2000))},
+			wantErr: "containers c0 and c1 ask for different kinds of GPU share",
 		},
 		{
 			name:    "vgpu without memory",
@@ -95,7 +102,7 @@ func TestGangFromPodSets(t *testing.T) {
 		{
 			name:    "memory not divisible by vgpu",
 			in:      []kueue.PodSet{podSet("w", 1, nil, rl(v1alpha1.ResourceVGPU, 3, v1alpha1.ResourceGPUMemory, 1000))},
-			wantErr: "is not per-GPU MiB",
+			wantErr: "must be multiples of gpupack.io/vgpu (3)",
 		},
 		{
 			name:    "memory without vgpu",
@@ -105,12 +112,12 @@ func TestGangFromPodSets(t *testing.T) {
 		{
 			name:    "cores without memory on a whole GPU",
 			in:      []kueue.PodSet{podSet("w", 1, map[string]string{v1alpha1.AnnotationGPUCores: "30"}, rl(v1alpha1.ResourceNvidiaGPU, 1))},
-			wantErr: "a GPU without memory is exclusive",
+			wantErr: "a GPU without a memory request is exclusive",
 		},
 		{
 			name:    "conflicting memory annotations",
 			in:      []kueue.PodSet{podSet("w", 1, map[string]string{v1alpha1.AnnotationGPUMemory: "20Gi", v1alpha1.AnnotationHAMiGPUMem: "1000"}, rl(v1alpha1.ResourceNvidiaGPU, 1))},
-			wantErr: "disagree",
+			wantErr: "gpupack.io/gpu-memory is 20480 MiB but nvidia.com/gpumem is 1000 MiB",
 		},
 	}
 	for _, tc := range cases {
@@ -129,38 +136,5 @@ func TestGangFromPodSets(t *testing.T) {
 				t.Errorf("(-want +got):\n%s", d)
 			}
 		})
-	}
-}
-
-func TestParseMemoryMiB(t *testing.T) {
-	cases := []struct {
-		in      string
-		want    int64
-		wantErr string
-	}{
-		{"20Gi", 20480, ""},
-		{"20480", 20480, ""},
-		{" 512 ", 512, ""},
-		{"1.5Gi", 1536, ""},
-		{"1G", 954, ""}, // 10^9 bytes rounded up to MiB
-		{"1Ki", 1, ""},
-		{"0", 0, "not in 1–"},
-		{"-1Gi", 0, "not in 1 MiB"},
-		{"17Ti", 0, "not in 1 MiB"},
-		{"lots", 0, "neither MiB nor a quantity"},
-		{"", 0, "neither MiB nor a quantity"},
-		{"99999999999999999999", 0, "not in 1–"},
-	}
-	for _, tc := range cases {
-		got, err := ParseMemoryMiB(tc.in)
-		if tc.wantErr != "" {
-			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-				t.Errorf("ParseMemoryMiB(%q) = %d, %v; want error %q", tc.in, got, err, tc.wantErr)
-			}
-			continue
-		}
-		if err != nil || got != tc.want {
-			t.Errorf("ParseMemoryMiB(%q) = %d, %v; want %d", tc.in, got, err, tc.want)
-		}
 	}
 }
