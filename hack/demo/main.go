@@ -1,0 +1,232 @@
+// Command demo runs gpupack on an embedded control plane (real
+// kube-apiserver, etcd, Kueue, kube-scheduler, kwok fake GPU nodes and the
+// Kubeflow training operator) and tells what happened, step by step.
+// Exit status 0 only if every step behaved as expected.
+package main
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	kftraining "github.com/kubeflow/training-operator/pkg/apis/kubeflow.org/v1"
+	kueue "sigs.k8s.io/kueue/apis/kueue/v1beta2"
+
+	"github.com/gpupack/gpupack/admissioncheck"
+	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
+	"github.com/gpupack/gpupack/test/framework"
+)
+
+// demoTB lets the test framework run outside `go test`.
+type demoTB struct {
+	dir      string
+	failed   bool
+	cleanups []func()
+}
+
+func (d *demoTB) Helper()                 {}
+func (d *demoTB) Logf(f string, a ...any) { fmt.Printf("    "+f+"\n", a...) }
+func (d *demoTB) Cleanup(f func())        { d.cleanups = append(d.cleanups, f) }
+func (d *demoTB) Failed() bool            { return d.failed }
+func (d *demoTB) TempDir() string         { return d.dir }
+func (d *demoTB) Fatalf(f string, a ...any) {
+	d.failed = true
+	fmt.Printf("FAILED: "+f+"\n", a...)
+	d.finish()
+	os.Exit(1)
+}
+func (d *demoTB) finish() {
+	for i := len(d.cleanups) - 1; i >= 0; i-- {
+		d.cleanups[i]()
+	}
+	os.RemoveAll(d.dir)
+}
+
+var failures []string
+
+func expect(ok bool, format string, a ...any) {
+	mark := "ok  "
+	if !ok {
+		mark = "FAIL"
+		failures = append(failures, fmt.Sprintf(format, a...))
+	}
+	fmt.Printf("  [%s] %s\n", mark, fmt.Sprintf(format, a...))
+}
+
+func step(format string, a ...any) { fmt.Printf("\n== "+format+"\n", a...) }
+func say(format string, a ...any)  { fmt.Printf("   "+format+"\n", a...) }
+
+func main() {
+	start := time.Now()
+	dir, _ := os.MkdirTemp("", "gpupack-demo-")
+	t := &demoTB{dir: dir}
+	defer t.finish()
+
+	step("Starting an embedded control plane: kube-apiserver, etcd, Kueue, kube-scheduler, kwok, training-operator")
+	env := framework.Start(t, framework.Options{Scheduler: true, TrainingOperator: true})
+	say("up in %.1fs (logs in %s)", time.Since(start).Seconds(), env.Dir)
+	for _, n := range []string{"gpu-node-a", "gpu-node-b"} {
+		env.MustCreate(t, framework.MakeNode(n).GPUs(4, framework.H100).Obj())
+		env.WaitForNodeReady(t, n)
+	}
+	say("2 fake nodes x 4 H100 = 8 GPUs; Kueue quota: 16 GPUs (two teams' nominal quota over-subscribe the hardware)")
+
+	seedWithoutGpupack(t, env)
+	seedWithGpupack(t, env)
+
+	fmt.Printf("\nDemo finished in %.0fs.\n", time.Since(start).Seconds())
+	if len(failures) > 0 {
+		fmt.Printf("%d step(s) did not behave as expected:\n  - %s\n", len(failures), strings.Join(failures, "\n  - "))
+		t.finish()
+		os.Exit(1)
+	}
+	fmt.Println("Every step behaved as expected.")
+}
+
+func twoJobs(env *framework.Env, ns, queue string) []*kftraining.PyTorchJob {
+	jobs := []*kftraining.PyTorchJob{
+		framework.MakePyTorchJob("llm-a", ns, queue, 7, 1).Obj(),
+		framework.MakePyTorchJob("llm-b", ns, queue, 7, 1).Obj(),
+	}
+	return jobs
+}
+
+type podCount struct{ running, pending int }
+
+func count(env *framework.Env, ns, job string) podCount {
+	var pods corev1.PodList
+	_ = env.Client.List(env.Ctx, &pods, client.InNamespace(ns), client.MatchingLabels{"training.kubeflow.org/job-name": job})
+	var c podCount
+	for _, p := range pods.Items {
+		if p.DeletionTimestamp != nil {
+			continue
+		}
+		switch {
+		case p.Spec.NodeName != "":
+			c.running++
+		default:
+			c.pending++
+		}
+	}
+	return c
+}
+
+func deleteAll(env *framework.Env, ns string, jobs []*kftraining.PyTorchJob) {
+	bg := metav1.DeletePropagationBackground
+	for _, j := range jobs {
+		_ = env.Client.Delete(env.Ctx, j, &client.DeleteOptions{PropagationPolicy: &bg})
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		var pods corev1.PodList
+		_ = env.Client.List(env.Ctx, &pods, client.InNamespace(ns))
+		if len(pods.Items) == 0 {
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func seedWithoutGpupack(t *demoTB, env *framework.Env) {
+	step("1a. The seed's §0.1 without gpupack: two 8-GPU PyTorchJobs submitted together")
+	env.MustCreate(t, framework.MakeResourceFlavor("plain"))
+	env.MustCreate(t, framework.MakeClusterQueue("plain").GPUFlavor("plain", 16, framework.H100).Obj())
+	ns := env.Namespace(t, "without-gpupack")
+	env.MustCreate(t, framework.MakeLocalQueue("lq", ns, "plain"))
+	jobs := twoJobs(env, ns, "lq")
+	for _, j := range jobs {
+		env.MustCreate(t, j)
+	}
+	// Kueue admits both on quota; the pods race for 8 GPUs.
+	var a, b podCount
+	env.Eventually(t, 60*time.Second, "16 pods created and the scheduler settled", func() (bool, string) {
+		a, b = count(env, ns, "llm-a"), count(env, ns, "llm-b")
+		return a.running+a.pending+b.running+b.pending == 16 && a.running+b.running == 8, fmt.Sprint(a, b)
+	})
+	time.Sleep(2 * time.Second)
+	a, b = count(env, ns, "llm-a"), count(env, ns, "llm-b")
+	say("Kueue admitted both (quota 16). llm-a: %d pods on GPUs, %d Pending; llm-b: %d on GPUs, %d Pending", a.running, a.pending, b.running, b.pending)
+	expect(a.pending+b.pending == 8, "8 pods stuck Pending while all 8 GPUs are held")
+	if a.running > 0 && b.running > 0 {
+		say("both jobs hold GPUs and neither can start: the partial-allocation deadlock (NCCL would time out in 30 min)")
+	} else {
+		say("this time the scheduler happened to give one job all 8 GPUs; the other's 8 pods still wait, created for nothing")
+	}
+	deleteAll(env, ns, jobs)
+}
+
+func seedWithGpupack(t *demoTB, env *framework.Env) {
+	step("1b. The same with gpupack's gang-fit AdmissionCheck")
+	env.MustCreate(t, &v1alpha1.GangFitParameters{ObjectMeta: metav1.ObjectMeta{Name: "gang-fit"},
+		Spec: v1alpha1.GangFitParametersSpec{RetryBackoff: v1alpha1.RetryBackoff{MinSeconds: ptr.To[int32](1), MaxSeconds: ptr.To[int32](5)}}})
+	env.MustCreate(t, framework.MakeGangFitCheck("gang-fit", "gang-fit"))
+	env.StartManager(t, func(mgr ctrl.Manager) error { return admissioncheck.Setup(mgr, admissioncheck.Options{}) })
+	env.Eventually(t, 30*time.Second, "check Active", func() (bool, string) {
+		var ac kueue.AdmissionCheck
+		_ = env.Client.Get(env.Ctx, client.ObjectKey{Name: "gang-fit"}, &ac)
+		return apimeta.IsStatusConditionTrue(ac.Status.Conditions, kueue.AdmissionCheckActive), ""
+	})
+	env.MustCreate(t, framework.MakeResourceFlavor("gpu"))
+	env.MustCreate(t, framework.MakeClusterQueue("gpu").GPUFlavor("gpu", 16, framework.H100).AdmissionChecks("gang-fit").Obj())
+	ns := env.Namespace(t, "with-gpupack")
+	env.MustCreate(t, framework.MakeLocalQueue("lq", ns, "gpu"))
+	jobs := twoJobs(env, ns, "lq")
+	for _, j := range jobs {
+		env.MustCreate(t, j)
+	}
+	var winner, loser string
+	env.Eventually(t, 60*time.Second, "one job running", func() (bool, string) {
+		winner, loser = "", ""
+		for _, j := range jobs {
+			wl, _ := env.WorkloadOf(ns, j.Name, "PyTorchJob")
+			if wl != nil && apimeta.IsStatusConditionTrue(wl.Status.Conditions, kueue.WorkloadAdmitted) {
+				winner = j.Name
+			} else {
+				loser = j.Name
+			}
+		}
+		return winner != "" && count(env, ns, winner).running == 8, winner
+	})
+	time.Sleep(2 * time.Second)
+	w, l := count(env, ns, winner), count(env, ns, loser)
+	say("%s: admitted, %d pods on GPUs; %s: %d pods", winner, w.running, loser, l.running+l.pending)
+	expect(w.running == 8 && w.pending == 0, "%s runs all 8 pods", winner)
+	expect(l.running+l.pending == 0, "%s holds no pod and no GPU", loser)
+	wl, _ := env.WorkloadOf(ns, loser, "PyTorchJob")
+	reason := lastEvent(env, ns, wl.Name, admissioncheck.EventNoFit)
+	say("why %s waits: %s", loser, reason)
+	expect(strings.Contains(reason, "does not fit"), "the waiting job says why")
+
+	say("%s finishes...", winner)
+	bg := metav1.DeletePropagationBackground
+	for _, j := range jobs {
+		if j.Name == winner {
+			_ = env.Client.Delete(env.Ctx, j, &client.DeleteOptions{PropagationPolicy: &bg})
+		}
+	}
+	env.Eventually(t, 90*time.Second, loser+" running", func() (bool, string) {
+		return count(env, ns, loser).running == 8, fmt.Sprint(count(env, ns, loser))
+	})
+	expect(true, "%s is admitted and runs all 8 pods once the GPUs are free", loser)
+	deleteAll(env, ns, jobs)
+}
+
+func lastEvent(env *framework.Env, ns, name, reason string) string {
+	var evs corev1.EventList
+	_ = env.Client.List(env.Ctx, &evs, client.InNamespace(ns))
+	msg := ""
+	for _, e := range evs.Items {
+		if e.InvolvedObject.Name == name && e.Reason == reason {
+			msg = e.Message
+		}
+	}
+	return msg
+}
