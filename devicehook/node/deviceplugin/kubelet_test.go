@@ -206,10 +206,10 @@ func TestPluginWithFakeKubelet(t *testing.T) {
 			t.Errorf("preferred slots (-want +got):\n%s", d)
 		}
 		wantEnv := map[string]string{
-			v1alpha1.EnvVisibleDevices:    "GPU-a,GPU-c",
+			v1alpha1.EnvVisibleDevices:     "GPU-a,GPU-c",
 			v1alpha1.EnvMemoryLimit + "_0": "20000m",
 			v1alpha1.EnvMemoryLimit + "_1": "30000m",
-			v1alpha1.EnvSharedCache:       v1alpha1.DefaultSharedCacheDir + "/main.cache",
+			v1alpha1.EnvSharedCache:        v1alpha1.DefaultSharedCacheDir + "/main.cache",
 		}
 		if d := cmp.Diff(wantEnv, r.Envs); d != "" {
 			t.Errorf("envs (-want +got):\n%s", d)

@@ -53,10 +53,10 @@ type Chunk struct {
 	Devices   []v1alpha1.DeviceAssignment
 }
 
-// containerChunks splits a pod's gpupack.io/devices among its containers
+// ContainerChunks splits a pod's gpupack.io/devices among its containers
 // that request resource, in spec order, each taking as many GPUs as it
 // requests. The counts must add up to the planned GPUs.
-func containerChunks(pod *corev1.Pod, resource corev1.ResourceName) ([]Chunk, error) {
+func ContainerChunks(pod *corev1.Pod, resource corev1.ResourceName) ([]Chunk, error) {
 	devs, err := v1alpha1.ParseDevices(pod.Annotations[v1alpha1.AnnotationDevices])
 	if err != nil {
 		return nil, err
@@ -125,7 +125,7 @@ func pending(pods []*corev1.Pod, node string, resource corev1.ResourceName, allo
 		if _, ok := p.Annotations[v1alpha1.AnnotationDevices]; !ok {
 			continue
 		}
-		chunks, err := containerChunks(p, resource)
+		chunks, err := ContainerChunks(p, resource)
 		if err != nil {
 			bad = append(bad, err)
 			continue

@@ -1,0 +1,146 @@
+package bypass
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/gpupack/gpupack/devicehook/node/metrics"
+)
+
+const uid1 = "0f9c0a52-5d0e-4a43-9d35-1c4e1f7a9b21"
+
+func TestPodFromCgroup(t *testing.T) {
+	cases := []struct {
+		name, content string
+		want          types.UID
+		ok            bool
+	}{
+		{"v1 cgroupfs", "12:memory:/kubepods/burstable/pod" + uid1 + "/8a7f3c\n11:cpu:/kubepods/burstable/pod" + uid1 + "/8a7f3c", uid1, true},
+		{"v1 besteffort", "4:devices:/kubepods/besteffort/pod" + uid1 + "/abc", uid1, true},
+		{"v1 guaranteed", "4:devices:/kubepods/pod" + uid1 + "/abc", uid1, true},
+		{"v2 systemd", "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod" + strings.ReplaceAll(uid1, "-", "_") + ".slice/cri-containerd-0123.scope", uid1, true},
+		{"v2 systemd guaranteed", "0::/kubepods.slice/kubepods-pod" + strings.ReplaceAll(uid1, "-", "_") + ".slice/cri-containerd-0123.scope", uid1, true},
+		{"host process", "0::/system.slice/nvidia-persistenced.service", "", false},
+		{"kubepods but no pod", "0::/kubepods.slice/kubepods-burstable.slice", "", false},
+		{"bad uid", "0::/kubepods/podNOT-A-UID/x", "", false},
+		{"empty", "", "", false},
+	}
+	for _, tc := range cases {
+		got, ok := PodFromCgroup(tc.content)
+		if got != tc.want || ok != tc.ok {
+			t.Errorf("%s: PodFromCgroup = %q, %v; want %q, %v", tc.name, got, ok, tc.want, tc.ok)
+		}
+	}
+}
+
+func FuzzPodFromCgroup(f *testing.F) {
+	f.Add("0::/kubepods.slice/kubepods-pod" + strings.ReplaceAll(uid1, "-", "_") + ".slice/x")
+	f.Add("12:memory:/kubepods/burstable/pod" + uid1 + "/8a7f3c")
+	f.Add("0::/kubepods/pod")
+	f.Fuzz(func(t *testing.T, s string) {
+		uid, ok := PodFromCgroup(s)
+		if !ok {
+			return
+		}
+		if u, ok2 := normaliseUID(string(uid)); !ok2 || u != uid || !strings.Contains(s, "kubepods") {
+			t.Fatalf("PodFromCgroup(%q) = %q is not a normalised UID from a kubepods path", s, uid)
+		}
+	})
+}
+
+func TestRegionRoundTrip(t *testing.T) {
+	b := EncodeRegion([][]uint64{{1 << 20, 0, 5 << 20}, {2 << 20}, {}})
+	got, err := ParseRegion(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := make([]uint64, regionMaxDev)
+	want[0], want[2] = 3<<20, 5<<20
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("(-want +got):\n%s", d)
+	}
+	// A freed slot (owner 0) is not counted even if bytes linger.
+	b[regionHeader+regionSlotSize] = 0
+	b[regionHeader+regionSlotSize+1] = 0
+	got, _ = ParseRegion(b)
+	if got[0] != 1<<20 {
+		t.Errorf("freed slot counted: dev0 = %d", got[0])
+	}
+}
+
+func TestParseRegionRejects(t *testing.T) {
+	good := EncodeRegion([][]uint64{{1}})
+	bad := append([]byte(nil), good...)
+	bad[0] ^= 0xff
+	cases := []struct {
+		name string
+		b    []byte
+		want string
+	}{
+		{"short", good[:10], "shorter than its header"},
+		{"other layout", bad, "layout changed"},
+		{"truncated slots", good[:regionHeader+10], "need"},
+	}
+	for _, tc := range cases {
+		if _, err := ParseRegion(tc.b); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: err = %v, want %q", tc.name, err, tc.want)
+		}
+	}
+	if u, err := ParseRegion(make([]byte, 4096)); err != nil || len(u) != regionMaxDev {
+		t.Errorf("all-zero region: %v, %v (it is valid and empty)", u, err)
+	}
+}
+
+func FuzzParseRegion(f *testing.F) {
+	f.Add(EncodeRegion([][]uint64{{1, 2}, {3}}))
+	f.Add(make([]byte, 64))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		u, err := ParseRegion(b)
+		if err == nil && len(u) != regionMaxDev {
+			t.Fatalf("%d devices", len(u))
+		}
+	})
+}
+
+func TestDecide(t *testing.T) {
+	a := types.NamespacedName{Namespace: "ns", Name: "a"}
+	b := types.NamespacedName{Namespace: "ns", Name: "b"}
+	pods := map[types.UID]Pod{
+		"ua": {Key: a, UID: "ua", Limits: map[string]int64{"G1": 10000}},
+		"ub": {Key: b, UID: "ub"}, // no plan
+	}
+	cases := []struct {
+		name  string
+		procs []Proc
+		held  map[string]bool
+		want  []Finding
+	}{
+		{"within limit", []Proc{{PID: 1, GPU: "G1", UsedMiB: 10000, Pod: "ua"}}, nil, nil},
+		{"within limit plus context allowance", []Proc{{PID: 1, GPU: "G1", UsedMiB: 10200, Pod: "ua"}, {PID: 2, GPU: "G1", UsedMiB: 300, Pod: "ua"}}, nil, nil},
+		{"over limit summed over processes", []Proc{{PID: 2, GPU: "G1", UsedMiB: 6000, Pod: "ua"}, {PID: 1, GPU: "G1", UsedMiB: 5000, Pod: "ua"}}, nil,
+			[]Finding{{Kind: metrics.KindOverLimit, Pod: "ua", Key: a, GPU: "G1", UsedMiB: 11000, LimitMiB: 10000, PIDs: []uint32{1, 2}}}},
+		{"planned pod on a GPU not its own", []Proc{{PID: 1, GPU: "G2", UsedMiB: 10, Pod: "ua"}}, nil,
+			[]Finding{{Kind: metrics.KindUnassigned, Pod: "ua", Key: a, GPU: "G2", UsedMiB: 10, PIDs: []uint32{1}}}},
+		{"unplanned pod on a free GPU is fine", []Proc{{PID: 1, GPU: "G3", UsedMiB: 70000, Pod: "ub"}}, map[string]bool{"G1": true}, nil},
+		{"unplanned pod on a planned GPU", []Proc{{PID: 1, GPU: "G1", UsedMiB: 5, Pod: "ub"}}, map[string]bool{"G1": true},
+			[]Finding{{Kind: metrics.KindUnassigned, Pod: "ub", Key: b, GPU: "G1", UsedMiB: 5, PIDs: []uint32{1}}}},
+		{"host process", []Proc{{PID: 9, GPU: "G1", UsedMiB: 500}}, nil,
+			[]Finding{{Kind: metrics.KindUnknown, GPU: "G1", UsedMiB: 500, PIDs: []uint32{9}}}},
+		{"pod not on this node", []Proc{{PID: 9, GPU: "G1", UsedMiB: 500, Pod: "zz"}}, nil,
+			[]Finding{{Kind: metrics.KindUnknown, Pod: "zz", GPU: "G1", UsedMiB: 500, PIDs: []uint32{9}}}},
+	}
+	for _, tc := range cases {
+		_, got := Decide(Input{Procs: tc.procs, Pods: pods, Held: tc.held, AllowanceMiB: 256})
+		if d := cmp.Diff(tc.want, got); d != "" {
+			t.Errorf("%s (-want +got):\n%s", tc.name, d)
+		}
+		for _, f := range got {
+			if f.Message() == "" {
+				t.Errorf("%s: empty message", tc.name)
+			}
+		}
+	}
+}

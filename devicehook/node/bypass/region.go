@@ -1,0 +1,97 @@
+package bypass
+
+import (
+	"encoding/binary"
+	"fmt"
+	"os"
+)
+
+// The hook's shared accounting region, as devicehook/src/region.c lays it
+// out (little endian, the file named by CUDA_DEVICE_MEMORY_SHARED_CACHE):
+//
+//	header, 64 bytes: magic u64 ("gppkh001"), hw u32 (slots [0,hw) may be used)
+//	slots[1024], 192 bytes each: owner u64, start_time u64, used[16] u64, pad
+//
+// A container's usage of device d is the sum of used[d] over slots [0,hw)
+// (region.c, invariant I3). Only reading is done here; a layout with another
+// magic is refused rather than misread.
+const (
+	regionMagic    = 0x6770706b68303031
+	regionHeader   = 64
+	regionSlotSize = 192
+	regionMaxSlots = 1024
+	regionMaxDev   = 16
+	slotUsedOffset = 16
+)
+
+// HookUsage reports what the hook accounted per device ordinal, in bytes.
+// It is an interface so the drift report does not depend on the file format
+// beyond region.go.
+type HookUsage interface {
+	Used(path string) ([]uint64, error)
+}
+
+// RegionFile reads the accounting files written by devicehook.
+type RegionFile struct{}
+
+// Used returns bytes charged per device ordinal (index = CUDA ordinal inside
+// the container).
+func (RegionFile) Used(path string) ([]uint64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return ParseRegion(b)
+}
+
+// ParseRegion decodes a region file.
+func ParseRegion(b []byte) ([]uint64, error) {
+	if len(b) < regionHeader {
+		return nil, fmt.Errorf("accounting region: %d bytes, shorter than its header", len(b))
+	}
+	le := binary.LittleEndian
+	if m := le.Uint64(b[0:8]); m != regionMagic {
+		if m == 0 {
+			return make([]uint64, regionMaxDev), nil // all-zero is a valid empty region
+		}
+		return nil, fmt.Errorf("accounting region: magic %#x, want %#x (layout changed?)", m, uint64(regionMagic))
+	}
+	hw := int(le.Uint32(b[8:12]))
+	if hw > regionMaxSlots {
+		return nil, fmt.Errorf("accounting region: hw %d > %d slots", hw, regionMaxSlots)
+	}
+	if need := regionHeader + hw*regionSlotSize; len(b) < need {
+		return nil, fmt.Errorf("accounting region: %d bytes, need %d for %d slots", len(b), need, hw)
+	}
+	used := make([]uint64, regionMaxDev)
+	for s := 0; s < hw; s++ {
+		off := regionHeader + s*regionSlotSize
+		if le.Uint64(b[off:off+8]) == 0 {
+			continue // free slot (its used[] is zero anyway)
+		}
+		for d := 0; d < regionMaxDev; d++ {
+			o := off + slotUsedOffset + 8*d
+			used[d] += le.Uint64(b[o : o+8])
+		}
+	}
+	return used, nil
+}
+
+// EncodeRegion writes a region in the same layout (tests and the demo use it
+// to stand in for a running hook). usedBySlot[s][d] is slot s's bytes on d;
+// slot s is owned by pid 1000+s.
+func EncodeRegion(usedBySlot [][]uint64) []byte {
+	b := make([]byte, regionHeader+regionMaxSlots*regionSlotSize)
+	le := binary.LittleEndian
+	le.PutUint64(b[0:8], regionMagic)
+	le.PutUint32(b[8:12], uint32(len(usedBySlot)))
+	for s, used := range usedBySlot {
+		off := regionHeader + s*regionSlotSize
+		le.PutUint64(b[off:off+8], uint64(1000+s))
+		for d, u := range used {
+			o := off + slotUsedOffset + 8*d
+			le.PutUint64(b[o:o+8], u)
+		}
+	}
+	return b
+}

@@ -1,0 +1,321 @@
+package bypass
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2"
+
+	v1alpha1 "github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
+	"github.com/gpupack/gpupack/devicehook/node/deviceplugin"
+	"github.com/gpupack/gpupack/devicehook/node/metrics"
+)
+
+// Policy says what a bypass costs the pod.
+type Policy string
+
+const (
+	PolicyWarn  Policy = "warn"  // Event + metric
+	PolicyEvict Policy = "evict" // and an eviction (PDBs respected)
+)
+
+// Event reasons (stable, CamelCase).
+const (
+	ReasonOverLimit  = "GPUMemoryOverLimit"
+	ReasonUnassigned = "GPUNotAssigned"
+	ReasonUnknown    = "UnknownGPUProcess"
+	ReasonEvicted    = "GPUBypassEviction"
+)
+
+// Config of a Watcher.
+type Config struct {
+	NodeName string
+	NVML     nvml.Interface
+	Resolver Resolver
+	Pods     deviceplugin.PodLister
+	Client   kubernetes.Interface // for evictions
+	Recorder record.EventRecorder
+	Policy   Policy
+	// AllowanceMiB per process: CUDA context memory NVML counts.
+	AllowanceMiB int64
+	// CacheDir is the host root of per-pod accounting dirs (drift); "" skips drift.
+	CacheDir string
+	Hook     HookUsage
+	Metrics  *metrics.Metrics
+	Interval time.Duration
+	// ReportEvery re-announces a standing finding (Events and the counter
+	// count detections, not polls).
+	ReportEvery time.Duration
+	Now         func() time.Time
+}
+
+// Watcher is the bypass loop.
+type Watcher struct {
+	cfg      Config
+	mu       sync.Mutex
+	reported map[string]time.Time
+	evicted  map[types.UID]bool
+}
+
+// New creates a watcher.
+func New(cfg Config) *Watcher {
+	if cfg.Hook == nil {
+		cfg.Hook = RegionFile{}
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = metrics.New(nil)
+	}
+	if cfg.Interval <= 0 {
+		cfg.Interval = 5 * time.Second
+	}
+	if cfg.ReportEvery <= 0 {
+		cfg.ReportEvery = 10 * time.Minute
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Policy == "" {
+		cfg.Policy = PolicyWarn
+	}
+	return &Watcher{cfg: cfg, reported: map[string]time.Time{}, evicted: map[types.UID]bool{}}
+}
+
+// Run polls until ctx ends.
+func (w *Watcher) Run(ctx context.Context) {
+	t := time.NewTicker(w.cfg.Interval)
+	defer t.Stop()
+	for {
+		if _, err := w.Once(ctx); err != nil {
+			klog.ErrorS(err, "bypass watcher pass failed")
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// notAvailable is NVML_VALUE_NOT_AVAILABLE for unsigned long long.
+const notAvailable = ^uint64(0)
+
+// Once runs one pass and returns the findings it reported or acted on.
+func (w *Watcher) Once(ctx context.Context) ([]Finding, error) {
+	procs, index, err := w.processes()
+	if err != nil {
+		return nil, err
+	}
+	podList, err := w.cfg.Pods.List()
+	if err != nil {
+		return nil, fmt.Errorf("list pods: %w", err)
+	}
+	byUID := map[types.UID]*corev1.Pod{}
+	in := Input{Procs: procs, Pods: map[types.UID]Pod{}, Held: deviceplugin.Held(podList, w.cfg.NodeName), AllowanceMiB: w.cfg.AllowanceMiB}
+	limitPerGPU := map[string]int64{}
+	for _, p := range podList {
+		if p.Spec.NodeName != w.cfg.NodeName {
+			continue
+		}
+		byUID[p.UID] = p
+		pod := Pod{Key: types.NamespacedName{Namespace: p.Namespace, Name: p.Name}, UID: p.UID}
+		if s, ok := p.Annotations[v1alpha1.AnnotationDevices]; ok {
+			devs, err := v1alpha1.ParseDevices(s)
+			if err != nil {
+				klog.ErrorS(err, "ignoring unparsable devices annotation", "pod", pod.Key)
+			} else {
+				pod.Limits = map[string]int64{}
+				for _, d := range devs {
+					pod.Limits[d.UUID] = d.MemoryMiB
+					if p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
+						limitPerGPU[d.UUID] += d.MemoryMiB
+					}
+				}
+			}
+		}
+		in.Pods[p.UID] = pod
+	}
+	usage, findings := Decide(in)
+	w.observe(procs, index, usage, limitPerGPU, in.Pods, byUID)
+
+	var acted []Finding
+	for _, f := range findings {
+		if w.act(ctx, f, byUID[f.Pod]) {
+			acted = append(acted, f)
+		}
+	}
+	return acted, nil
+}
+
+// processes lists compute processes on every GPU with their pods.
+func (w *Watcher) processes() ([]Proc, map[string]int, error) {
+	n, ret := w.cfg.NVML.DeviceGetCount()
+	if ret != nvml.SUCCESS {
+		return nil, nil, fmt.Errorf("nvml DeviceGetCount: %v", ret)
+	}
+	index := map[string]int{}
+	var out []Proc
+	for i := 0; i < n; i++ {
+		d, ret := w.cfg.NVML.DeviceGetHandleByIndex(i)
+		if ret != nvml.SUCCESS {
+			continue
+		}
+		uuid, ret := d.GetUUID()
+		if ret != nvml.SUCCESS {
+			continue
+		}
+		index[uuid] = i
+		ps, ret := d.GetComputeRunningProcesses()
+		if ret != nvml.SUCCESS {
+			continue
+		}
+		for _, p := range ps {
+			used := int64(0)
+			if p.UsedGpuMemory != notAvailable {
+				used = int64(p.UsedGpuMemory >> 20)
+			}
+			uid, ok, err := w.cfg.Resolver.PodOf(p.Pid)
+			if err != nil || !ok {
+				uid = ""
+			}
+			out = append(out, Proc{PID: p.Pid, GPU: uuid, UsedMiB: used, Pod: uid})
+		}
+	}
+	return out, index, nil
+}
+
+// observe sets the gauges of this pass, including hook-vs-NVML drift.
+func (w *Watcher) observe(procs []Proc, index map[string]int, usage []Usage, limitPerGPU map[string]int64, pods map[types.UID]Pod, byUID map[types.UID]*corev1.Pod) {
+	m := w.cfg.Metrics
+	perGPU := map[string]int64{}
+	for _, p := range procs {
+		perGPU[p.GPU] += p.UsedMiB
+	}
+	for uuid := range index {
+		m.GPUUsedMiB.WithLabelValues(uuid).Set(float64(perGPU[uuid]))
+		m.GPULimitMiB.WithLabelValues(uuid).Set(float64(limitPerGPU[uuid]))
+	}
+	m.PodGPUUsedMiB.Reset()
+	m.HookDriftMiB.Reset()
+	hookUsed := w.hookUsage(pods, byUID, index)
+	for _, u := range usage {
+		pod, ok := pods[u.Pod]
+		if !ok {
+			continue
+		}
+		m.PodGPUUsedMiB.WithLabelValues(pod.Key.Namespace, pod.Key.Name, u.GPU).Set(float64(u.UsedMiB))
+		if h, ok := hookUsed[u.Pod][u.GPU]; ok {
+			m.HookDriftMiB.WithLabelValues(pod.Key.Namespace, pod.Key.Name, u.GPU).Set(float64(u.UsedMiB - h))
+		}
+	}
+}
+
+// hookUsage reads each planned pod's accounting files: pod → GPU → MiB the
+// hook charged. Device ordinal i of a container is its i-th planned GPU in
+// NVML index order (the order the device plugin exposes them in).
+func (w *Watcher) hookUsage(pods map[types.UID]Pod, byUID map[types.UID]*corev1.Pod, index map[string]int) map[types.UID]map[string]int64 {
+	out := map[types.UID]map[string]int64{}
+	if w.cfg.CacheDir == "" {
+		return out
+	}
+	for uid, pod := range pods {
+		if pod.Limits == nil {
+			continue
+		}
+		p := byUID[uid]
+		var chunks []deviceplugin.Chunk
+		for _, res := range []corev1.ResourceName{v1alpha1.ResourceVGPU, v1alpha1.ResourceNvidiaGPU} {
+			if c, err := deviceplugin.ContainerChunks(p, res); err == nil && len(c) > 0 {
+				chunks = c
+				break
+			}
+		}
+		for _, c := range chunks {
+			path := deviceplugin.CacheFile(deviceplugin.PodCacheDir(w.cfg.CacheDir, uid), c.Container)
+			used, err := w.cfg.Hook.Used(path)
+			if err != nil {
+				if !errors.Is(err, os.ErrNotExist) { // container not started yet, or no hook
+					w.cfg.Metrics.HookAccountingErrors.Inc()
+					klog.V(2).InfoS("cannot read hook accounting", "pod", pod.Key, "file", path, "err", err)
+				}
+				continue
+			}
+			devs := append([]v1alpha1.DeviceAssignment(nil), c.Devices...)
+			sort.SliceStable(devs, func(i, j int) bool { return index[devs[i].UUID] < index[devs[j].UUID] })
+			if out[uid] == nil {
+				out[uid] = map[string]int64{}
+			}
+			for i, d := range devs {
+				if i < len(used) {
+					out[uid][d.UUID] += int64(used[i] >> 20)
+				}
+			}
+		}
+	}
+	return out
+}
+
+// act reports a finding (deduplicated) and evicts under policy evict. It
+// returns whether the finding was reported in this pass.
+func (w *Watcher) act(ctx context.Context, f Finding, pod *corev1.Pod) bool {
+	key := string(f.Pod) + "|" + f.GPU + "|" + f.Kind + "|" + strconv.Itoa(len(f.PIDs))
+	now := w.cfg.Now()
+	w.mu.Lock()
+	last, seen := w.reported[key]
+	fresh := !seen || now.Sub(last) >= w.cfg.ReportEvery
+	if fresh {
+		w.reported[key] = now
+	}
+	evict := w.cfg.Policy == PolicyEvict && pod != nil && f.Kind != metrics.KindUnknown && !w.evicted[f.Pod]
+	if evict {
+		w.evicted[f.Pod] = true
+	}
+	w.mu.Unlock()
+
+	if fresh {
+		w.cfg.Metrics.BypassDetections.WithLabelValues(f.Kind).Inc()
+		reason := map[string]string{metrics.KindOverLimit: ReasonOverLimit, metrics.KindUnassigned: ReasonUnassigned, metrics.KindUnknown: ReasonUnknown}[f.Kind]
+		if w.cfg.Recorder != nil {
+			if pod != nil {
+				w.cfg.Recorder.Event(pod, corev1.EventTypeWarning, reason, f.Message())
+			} else {
+				w.cfg.Recorder.Event(w.nodeRef(), corev1.EventTypeWarning, reason, f.Message())
+			}
+		}
+		klog.InfoS("GPU bypass detected", "kind", f.Kind, "pod", f.Key, "gpu", f.GPU, "usedMiB", f.UsedMiB, "limitMiB", f.LimitMiB, "pids", f.PIDs)
+	}
+	if evict {
+		err := w.cfg.Client.PolicyV1().Evictions(pod.Namespace).Evict(ctx, &policyv1.Eviction{
+			ObjectMeta: metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace},
+		})
+		if err != nil {
+			w.mu.Lock()
+			delete(w.evicted, f.Pod) // try again next pass (e.g. a PDB said no)
+			w.mu.Unlock()
+			klog.ErrorS(err, "bypass eviction failed", "pod", f.Key)
+		} else {
+			w.cfg.Metrics.BypassEvictions.Inc()
+			if w.cfg.Recorder != nil {
+				w.cfg.Recorder.Event(pod, corev1.EventTypeWarning, ReasonEvicted, "evicted by gpupack-node (bypass policy evict): "+f.Message())
+			}
+		}
+	}
+	return fresh || evict
+}
+
+func (w *Watcher) nodeRef() *corev1.ObjectReference {
+	// The kubelet uses the node name as the UID of node events.
+	return &corev1.ObjectReference{Kind: "Node", Name: w.cfg.NodeName, UID: types.UID(w.cfg.NodeName)}
+}

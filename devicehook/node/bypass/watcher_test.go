@@ -1,0 +1,191 @@
+package bypass
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/record"
+
+	v1alpha1 "github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
+	"github.com/gpupack/gpupack/devicehook/node/deviceplugin"
+	"github.com/gpupack/gpupack/devicehook/node/metrics"
+	"github.com/gpupack/gpupack/devicehook/node/nvmlfake"
+)
+
+// procRoot is a fake /proc: WritePID gives a PID the cgroup of a pod.
+type procRoot string
+
+func (r procRoot) writePID(t *testing.T, pid uint32, podUID string) {
+	t.Helper()
+	dir := filepath.Join(string(r), strconv.Itoa(int(pid)))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cg := "0::/system.slice/sshd.service\n"
+	if podUID != "" {
+		cg = "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod" + strings.ReplaceAll(podUID, "-", "_") + ".slice/cri-containerd-1.scope\n"
+	}
+	if err := os.WriteFile(filepath.Join(dir, "cgroup"), []byte(cg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func gpuPod(name, uid, devices string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", UID: types.UID(uid), Annotations: map[string]string{v1alpha1.AnnotationDevices: devices}},
+		Spec: corev1.PodSpec{NodeName: "n1", Containers: []corev1.Container{{Name: "main", Resources: corev1.ResourceRequirements{
+			Limits: corev1.ResourceList{v1alpha1.ResourceVGPU: *resource.NewQuantity(int64(strings.Count(devices, ",")+1), resource.DecimalSI)},
+		}}}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning},
+	}
+}
+
+func TestWatcher(t *testing.T) {
+	const uidA = "11111111-2222-3333-4444-555555555555"
+	hw := nvmlfake.DGXH100()
+	g0, g1 := hw.GPUs[0].UUID(), hw.GPUs[1].UUID()
+	pod := gpuPod("a", uidA, g1+":20000,"+g0+":10000")
+	proc := procRoot(t.TempDir())
+	proc.writePID(t, 100, uidA)
+	proc.writePID(t, 200, "")
+	cache := t.TempDir()
+
+	// The hook accounted 9000 MiB on ordinal 0 (= GPU 0, lower index) and
+	// 1000 MiB on ordinal 1 (GPU 1).
+	dir := deviceplugin.PodCacheDir(cache, types.UID(uidA))
+	os.MkdirAll(dir, 0o755)
+	if err := os.WriteFile(deviceplugin.CacheFile(dir, "main"), EncodeRegion([][]uint64{{9000 << 20, 1000 << 20}}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	cs := fake.NewClientset(pod)
+	rec := record.NewFakeRecorder(100)
+	reg := prometheus.NewRegistry()
+	m := metrics.New(reg)
+	now := time.Unix(0, 0)
+	w := New(Config{
+		NodeName: "n1", NVML: hw, Resolver: ProcResolver{Root: string(proc)},
+		Pods:   deviceplugin.PodListerFunc(func() ([]*corev1.Pod, error) { return []*corev1.Pod{pod}, nil }),
+		Client: cs, Recorder: rec, Policy: PolicyWarn, AllowanceMiB: 512, CacheDir: cache, Metrics: m,
+		ReportEvery: time.Minute, Now: func() time.Time { return now },
+	})
+	ctx := context.Background()
+	setProcs := func(g *nvmlfake.GPU, ps ...nvml.ProcessInfo) { g.Set(func(g *nvmlfake.GPU) { g.Processes = ps }) }
+	value := func(name string, labels map[string]string) float64 {
+		t.Helper()
+		v, err := metrics.Value(reg, name, labels)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	events := func() []string {
+		var out []string
+		for {
+			select {
+			case e := <-rec.Events:
+				out = append(out, e)
+			default:
+				return out
+			}
+		}
+	}
+
+	// Within its plan (plus a context allowance): nothing to report.
+	setProcs(hw.GPUs[0], nvml.ProcessInfo{Pid: 100, UsedGpuMemory: 10200 << 20})
+	if f, err := w.Once(ctx); err != nil || len(f) != 0 {
+		t.Fatalf("within limit: findings %v, err %v", f, err)
+	}
+	if got := value("gpupack_node_hook_drift_mib", map[string]string{"namespace": "ns", "pod": "a", "gpu": g0}); got != 1200 {
+		t.Errorf("drift on GPU 0 = %v, want 10200-9000 = 1200", got)
+	}
+	if got := value("gpupack_node_gpu_memory_limit_mib", map[string]string{"gpu": g1}); got != 20000 {
+		t.Errorf("limit on GPU 1 = %v, want 20000", got)
+	}
+
+	// A static binary in the pod allocates 15 GiB on GPU 0 behind the hook.
+	setProcs(hw.GPUs[0], nvml.ProcessInfo{Pid: 100, UsedGpuMemory: 10200 << 20}, nvml.ProcessInfo{Pid: 101, UsedGpuMemory: 15000 << 20})
+	proc.writePID(t, 101, uidA)
+	f, err := w.Once(ctx)
+	if err != nil || len(f) != 1 || f[0].Kind != metrics.KindOverLimit || f[0].UsedMiB != 25200 || f[0].LimitMiB != 10000 {
+		t.Fatalf("over limit: findings %+v, err %v", f, err)
+	}
+	ev := events()
+	if len(ev) != 1 || !strings.HasPrefix(ev[0], "Warning "+ReasonOverLimit+" ") || !strings.Contains(ev[0], "over the 10000 MiB planned") {
+		t.Errorf("events = %q", ev)
+	}
+	if got := value("gpupack_node_bypass_detections_total", map[string]string{"kind": metrics.KindOverLimit}); got != 1 {
+		t.Errorf("detections = %v, want 1", got)
+	}
+	// Warn policy never evicts.
+	for _, a := range cs.Actions() {
+		if a.GetSubresource() == "eviction" {
+			t.Errorf("warn policy evicted: %v", a)
+		}
+	}
+
+	// The same standing finding is not re-announced every poll…
+	if f, _ := w.Once(ctx); len(f) != 0 || len(events()) != 0 {
+		t.Errorf("repeated finding re-reported: %v", f)
+	}
+	// …but is after ReportEvery.
+	now = now.Add(time.Minute)
+	if f, _ := w.Once(ctx); len(f) != 1 {
+		t.Errorf("after ReportEvery: %v", f)
+	}
+	events()
+
+	// A host process on GPU 1: an Event on the node, never an eviction.
+	setProcs(hw.GPUs[1], nvml.ProcessInfo{Pid: 200, UsedGpuMemory: 300 << 20})
+	f, _ = w.Once(ctx)
+	if len(f) != 1 || f[0].Kind != metrics.KindUnknown {
+		t.Errorf("host process: %+v", f)
+	}
+	if ev := events(); len(ev) != 1 || !strings.Contains(ev[0], ReasonUnknown) {
+		t.Errorf("events = %q", ev)
+	}
+}
+
+func TestWatcherEvictPolicy(t *testing.T) {
+	const uidA = "11111111-2222-3333-4444-555555555555"
+	hw := nvmlfake.DGXH100()
+	g0 := hw.GPUs[0].UUID()
+	pod := gpuPod("a", uidA, g0+":10000")
+	proc := procRoot(t.TempDir())
+	proc.writePID(t, 100, uidA)
+	cs := fake.NewClientset(pod)
+	rec := record.NewFakeRecorder(100)
+	w := New(Config{
+		NodeName: "n1", NVML: hw, Resolver: ProcResolver{Root: string(proc)},
+		Pods:   deviceplugin.PodListerFunc(func() ([]*corev1.Pod, error) { return []*corev1.Pod{pod}, nil }),
+		Client: cs, Recorder: rec, Policy: PolicyEvict, AllowanceMiB: 512,
+	})
+	hw.GPUs[0].Set(func(g *nvmlfake.GPU) { g.Processes = []nvml.ProcessInfo{{Pid: 100, UsedGpuMemory: 20000 << 20}} })
+	for range 3 { // evicted once, not once per pass
+		if _, err := w.Once(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var evictions []string
+	for _, a := range cs.Actions() {
+		if c, ok := a.(k8stesting.CreateAction); ok && a.GetSubresource() == "eviction" {
+			evictions = append(evictions, c.GetNamespace()+"/"+c.GetObject().(metav1.Object).GetName())
+		}
+	}
+	if len(evictions) != 1 || evictions[0] != "ns/a" {
+		t.Errorf("evictions = %v, want [ns/a]", evictions)
+	}
+}
