@@ -24,8 +24,10 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -63,6 +65,8 @@ type Reconciler struct {
 	recorder events.EventRecorder
 	cfg      ladder.Config
 	now      func() time.Time
+
+	skipNameCheck bool
 }
 
 // Reconcile reads the workload, its pods and its state, takes one ladder
@@ -271,9 +275,14 @@ func setupIndexes(ctx context.Context, mgr ctrl.Manager) error {
 }
 
 func (r *Reconciler) setup(mgr ctrl.Manager) error {
+	var skip *bool // nil: the manager's own setting
+	if r.skipNameCheck {
+		skip = ptr.To(true)
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(ControllerName).
 		For(&kueue.Workload{}).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.podToWorkloads)).
+		WithOptions(controller.Options{SkipNameValidation: skip}).
 		Complete(r)
 }

@@ -29,6 +29,9 @@ type Options struct {
 	EvictionWebhook bool
 	// Now is the clock (default time.Now).
 	Now func() time.Time
+	// SkipNameValidation lets a test start the coordinator again in the
+	// same process (controller-runtime refuses a controller name twice).
+	SkipNameValidation bool
 }
 
 func (o Options) withDefaults() Options {
@@ -64,7 +67,8 @@ func SetupWithManager(mgr ctrl.Manager, opts Options) error {
 			Slack:                    opts.Slack,
 			MaxStepsPerRank:          8,
 		},
-		now: opts.Now,
+		now:           opts.Now,
+		skipNameCheck: opts.SkipNameValidation,
 	}
 	if err := r.setup(mgr); err != nil {
 		return err

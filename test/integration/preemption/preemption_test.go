@@ -1,0 +1,489 @@
+// Package preemption tests gpupack's preemption coordinator against a real
+// kube-apiserver, the real Kueue manager, kube-scheduler, kwok and the
+// Kubeflow training operator, with the gang-fit check keeping the victim's
+// GPUs counted until its pods are gone.
+//
+// kwok runs no containers, so two in-pod parts are played by the test:
+//   - gpupack-ckpt (process-tested in checkpoint/agent): on the checkpoint
+//     request it annotates its pod with gpupack.io/checkpoint-step, and its
+//     container exits only then (a finalizer stands for the running
+//     container, since kwok deletes a terminating pod at once);
+//   - the placement ungater (webhooks/): it writes gpupack.io/devices on a
+//     running pod, which is what keeps a terminating pod's GPUs counted.
+package preemption
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	kueue "sigs.k8s.io/kueue/apis/kueue/v1beta2"
+
+	kftraining "github.com/kubeflow/training-operator/pkg/apis/kubeflow.org/v1"
+
+	"github.com/gpupack/gpupack/admissioncheck"
+	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
+	"github.com/gpupack/gpupack/flavors"
+	"github.com/gpupack/gpupack/preemption"
+	"github.com/gpupack/gpupack/preemption/ladder"
+	"github.com/gpupack/gpupack/test/framework"
+)
+
+const (
+	jobNameLabel   = "training.kubeflow.org/job-name"
+	containerAlive = "test.gpupack.io/container-running"
+	consistentStep = 1200
+)
+
+// fakeNodeAgent plays gpupack-ckpt and the ungater for the pods of one job.
+type fakeNodeAgent struct {
+	env  *framework.Env
+	ns   string
+	job  string
+	node string
+
+	mu     sync.Mutex
+	answer bool // answer checkpoint requests (false: the trainer is still saving)
+	stop   chan struct{}
+	done   chan struct{}
+}
+
+func (a *fakeNodeAgent) setAnswer(v bool) {
+	a.mu.Lock()
+	a.answer = v
+	a.mu.Unlock()
+}
+
+func (a *fakeNodeAgent) run(t *testing.T) {
+	a.stop, a.done = make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(a.done)
+		for {
+			select {
+			case <-a.stop:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			a.tick(t)
+		}
+	}()
+	t.Cleanup(func() { close(a.stop); <-a.done })
+}
+
+func (a *fakeNodeAgent) tick(t *testing.T) {
+	var pods corev1.PodList
+	if err := a.env.Client.List(a.env.Ctx, &pods, client.InNamespace(a.ns), client.MatchingLabels{jobNameLabel: a.job}); err != nil {
+		return
+	}
+	sort.Slice(pods.Items, func(i, j int) bool { return pods.Items[i].Name < pods.Items[j].Name })
+	a.mu.Lock()
+	answer := a.answer
+	a.mu.Unlock()
+	alloc := flavors.Allocatable(mustProfile(framework.H100).MemoryMiB)
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		patch := map[string]any{}
+		ann := map[string]string{}
+		switch {
+		case p.DeletionTimestamp == nil && p.Spec.NodeName != "" && p.Annotations[v1alpha1.AnnotationDevices] == "":
+			// The ungater: two whole GPUs of the node per pod, by pod
+			// order (master-0 → GPUs 0-1, worker-0 → GPUs 2-3).
+			var devs []v1alpha1.DeviceAssignment
+			for g := 2 * i; g < 2*i+2; g++ {
+				devs = append(devs, v1alpha1.DeviceAssignment{UUID: fmt.Sprintf("GPU-%s-%d", a.node, g), MemoryMiB: alloc})
+			}
+			ann[v1alpha1.AnnotationDevices] = v1alpha1.FormatDevices(devs)
+			patch["metadata"] = map[string]any{"annotations": ann, "finalizers": append(p.Finalizers, containerAlive)}
+		case answer && p.Annotations[v1alpha1.AnnotationCheckpointRequest] != "" && p.Annotations[v1alpha1.AnnotationCheckpointStep] == "":
+			// gpupack-ckpt: a verified checkpoint, reported on the pod.
+			ann[v1alpha1.AnnotationCheckpointStep] = fmt.Sprint(consistentStep)
+			patch["metadata"] = map[string]any{"annotations": ann}
+		case p.DeletionTimestamp != nil && p.Annotations[v1alpha1.AnnotationCheckpointStep] != "" && hasFinalizer(p, containerAlive):
+			// The trainer saved and exited: the container is gone.
+			var keep []string
+			for _, f := range p.Finalizers {
+				if f != containerAlive {
+					keep = append(keep, f)
+				}
+			}
+			patch["metadata"] = map[string]any{"finalizers": keep}
+		default:
+			continue
+		}
+		raw, _ := json.Marshal(patch)
+		if err := a.env.Client.Patch(a.env.Ctx, p, client.RawPatch(types.MergePatchType, raw)); err != nil && !apierrors.IsNotFound(err) {
+			t.Logf("fake node agent: patching %s: %v", p.Name, err)
+		}
+	}
+}
+
+func hasFinalizer(p *corev1.Pod, f string) bool {
+	for _, x := range p.Finalizers {
+		if x == f {
+			return true
+		}
+	}
+	return false
+}
+
+func mustProfile(model string) flavors.Profile {
+	p, ok := flavors.Lookup(model)
+	if !ok {
+		panic(model)
+	}
+	return p
+}
+
+func admitted(wl *kueue.Workload) bool {
+	return apimeta.IsStatusConditionTrue(wl.Status.Conditions, kueue.WorkloadAdmitted)
+}
+
+type suite struct {
+	env *framework.Env
+	ns  string
+}
+
+func (s *suite) pods(t *testing.T, job string) []corev1.Pod {
+	t.Helper()
+	var pods corev1.PodList
+	if err := s.env.Client.List(s.env.Ctx, &pods, client.InNamespace(s.ns), client.MatchingLabels{jobNameLabel: job}); err != nil {
+		t.Fatal(err)
+	}
+	return pods.Items
+}
+
+func (s *suite) state(t *testing.T, job string) (ladder.State, *kueue.Workload) {
+	t.Helper()
+	wl, err := s.env.WorkloadOf(s.ns, job, "PyTorchJob")
+	if err != nil || wl == nil {
+		t.Fatalf("workload of %s: %v", job, err)
+	}
+	st, err := preemption.PreemptionState(wl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st, wl
+}
+
+// eventCount counts Events with a reason on an object.
+func (s *suite) eventCount(t *testing.T, name, reason string) int {
+	t.Helper()
+	var evs corev1.EventList
+	if err := s.env.Client.List(s.env.Ctx, &evs, client.InNamespace(s.ns)); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range evs.Items {
+		if e.InvolvedObject.Name == name && e.Reason == reason {
+			n++
+		}
+	}
+	return n
+}
+
+func phasesOf(st ladder.State) []ladder.Phase {
+	var out []ladder.Phase
+	for _, tr := range st.Transitions {
+		out = append(out, tr.Phase)
+	}
+	return out
+}
+
+// A low-priority PyTorchJob is preempted by a high-priority one in the same
+// ClusterQueue. The coordinator asks every rank to checkpoint; the manager
+// is restarted in the middle of Checkpointing and resumes it without asking
+// again; once every rank has saved, the phases run to Done with an Event
+// each, the job records the consistent step, and the preemptor gets a pod
+// placed only after the victim's GPUs are free.
+func TestPreemptedJobCheckpointsThenYields(t *testing.T) {
+	env := framework.Start(t, framework.Options{Scheduler: true, TrainingOperator: true})
+	env.MustCreate(t, framework.MakeNode("n1").GPUs(4, framework.H100).Obj())
+	env.WaitForNodeReady(t, "n1")
+	env.MustCreate(t, &v1alpha1.GangFitParameters{ObjectMeta: metav1.ObjectMeta{Name: "gf"}, Spec: v1alpha1.GangFitParametersSpec{
+		RetryBackoff: v1alpha1.RetryBackoff{MinSeconds: ptr.To[int32](1), MaxSeconds: ptr.To[int32](2)}}})
+	env.MustCreate(t, framework.MakeGangFitCheck("gang-fit", "gf"))
+	env.MustCreate(t, &kueue.WorkloadPriorityClass{ObjectMeta: metav1.ObjectMeta{Name: "low"}, Value: 10})
+	env.MustCreate(t, &kueue.WorkloadPriorityClass{ObjectMeta: metav1.ObjectMeta{Name: "high"}, Value: 1000})
+	// The gang-fit check runs in its own manager; only the coordinator's is
+	// restarted below.
+	env.StartManager(t, func(mgr ctrl.Manager) error { return admissioncheck.Setup(mgr, admissioncheck.Options{}) })
+	startCoordinator := func() func() {
+		return env.StartManager(t, func(mgr ctrl.Manager) error {
+			return preemption.SetupWithManager(mgr, preemption.Options{Slack: 5 * time.Second, SkipNameValidation: true})
+		})
+	}
+	stopCoordinator := startCoordinator()
+	env.Eventually(t, 30*time.Second, "gang-fit check Active", func() (bool, string) {
+		var ac kueue.AdmissionCheck
+		if err := env.Client.Get(env.Ctx, client.ObjectKey{Name: "gang-fit"}, &ac); err != nil {
+			return false, err.Error()
+		}
+		return apimeta.IsStatusConditionTrue(ac.Status.Conditions, kueue.AdmissionCheckActive), fmt.Sprint(ac.Status.Conditions)
+	})
+	env.MustCreate(t, framework.MakeResourceFlavor("gpu"))
+	env.MustCreate(t, framework.MakeClusterQueue("cq").GPUFlavor("gpu", 4, framework.H100).AdmissionChecks("gang-fit").
+		Preemption(kueue.ClusterQueuePreemption{WithinClusterQueue: kueue.PreemptionPolicyLowerPriority}).Obj())
+	s := &suite{env: env, ns: env.Namespace(t, "team")}
+	env.MustCreate(t, framework.MakeLocalQueue("lq", s.ns, "cq"))
+
+	// The victim: master + 1 worker, 2 GPUs each, opted in.
+	low := framework.MakePyTorchJob("low", s.ns, "lq", 1, 2).PriorityClass("low").
+		TemplateAnnotation(v1alpha1.AnnotationCheckpoint, "true").
+		Annotation(v1alpha1.AnnotationCheckpointTimeout, "90s").Obj()
+	env.MustCreate(t, low)
+	agent := &fakeNodeAgent{env: env, ns: s.ns, job: "low", node: "n1"}
+	agent.run(t)
+	env.Eventually(t, 90*time.Second, "low running on all 4 GPUs", func() (bool, string) {
+		n := 0
+		for _, p := range s.pods(t, "low") {
+			if p.Status.Phase == corev1.PodRunning && p.Annotations[v1alpha1.AnnotationDevices] != "" && hasFinalizer(&p, containerAlive) {
+				n++
+			}
+		}
+		return n == 2, fmt.Sprintf("%d of 2 pods running with devices", n)
+	})
+
+	// Watch the invariant for the rest of the test: no pod of the
+	// preemptor is bound to a node while a pod of the victim exists.
+	var (
+		violMu    sync.Mutex
+		violation string
+		lowGoneAt time.Time
+	)
+	watchStop := make(chan struct{})
+	watchDone := make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		for {
+			select {
+			case <-watchStop:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+			var lows, highs corev1.PodList
+			if env.Client.List(env.Ctx, &lows, client.InNamespace(s.ns), client.MatchingLabels{jobNameLabel: "low"}) != nil ||
+				env.Client.List(env.Ctx, &highs, client.InNamespace(s.ns), client.MatchingLabels{jobNameLabel: "high"}) != nil {
+				continue
+			}
+			violMu.Lock()
+			if len(lows.Items) == 0 && lowGoneAt.IsZero() {
+				lowGoneAt = time.Now()
+			}
+			for _, h := range highs.Items {
+				if h.Spec.NodeName != "" && len(lows.Items) > 0 && violation == "" {
+					violation = fmt.Sprintf("preemptor pod %s bound to %s while victim pods %s still exist", h.Name, h.Spec.NodeName, podNames(lows.Items))
+				}
+			}
+			violMu.Unlock()
+		}
+	}()
+	defer func() { close(watchStop); <-watchDone }()
+
+	// The preemptor.
+	env.MustCreate(t, framework.MakePyTorchJob("high", s.ns, "lq", 1, 2).PriorityClass("high").Obj())
+
+	// Checkpointing: every rank asked; the trainers are still saving.
+	var requests map[string]string
+	env.Eventually(t, 60*time.Second, "victim in Checkpointing with every rank asked", func() (bool, string) {
+		st, wl := s.state(t, "low")
+		requests = map[string]string{}
+		for _, p := range s.pods(t, "low") {
+			if v := p.Annotations[v1alpha1.AnnotationCheckpointRequest]; v != "" {
+				requests[p.Name] = p.ResourceVersion
+			}
+		}
+		return st.Phase == ladder.PhaseCheckpointing && len(requests) == 2, fmt.Sprintf("phase %q, %d requests; %s", st.Phase, len(requests), framework.DescribeWorkload(wl))
+	})
+	before, wl := s.state(t, "low")
+	if before.Reason != preemption.ReasonKueuePreempted && before.Reason != preemption.ReasonKueueEvicted {
+		t.Errorf("reason %q, want Kueue's preemption", before.Reason)
+	}
+
+	// Restart the coordinator in the middle of Checkpointing.
+	stopCoordinator()
+	stopCoordinator = startCoordinator()
+	time.Sleep(3 * time.Second) // several reconciles' worth
+	after, _ := s.state(t, "low")
+	if after.Phase != ladder.PhaseCheckpointing || len(after.Transitions) != len(before.Transitions) || !after.CheckpointDeadline.Equal(*before.CheckpointDeadline) {
+		t.Fatalf("restart changed the preemption: before %+v, after %+v", before, after)
+	}
+	for _, p := range s.pods(t, "low") {
+		if rv, ok := requests[p.Name]; ok && rv != p.ResourceVersion {
+			t.Errorf("pod %s was written again after the restart (resourceVersion %s → %s): re-requested", p.Name, rv, p.ResourceVersion)
+		}
+	}
+	if n := s.eventCount(t, wl.Name, preemption.EventCheckpointing); n != 1 {
+		t.Errorf("%d %s Events, want 1 (no re-entry after restart)", n, preemption.EventCheckpointing)
+	}
+	violMu.Lock()
+	if lowGoneAt.IsZero() && violation == "" {
+		// Still checkpointing: the preemptor must not be admitted yet.
+		if hw, _ := env.WorkloadOf(s.ns, "high", "PyTorchJob"); hw != nil && admitted(hw) {
+			t.Errorf("preemptor admitted while the victim checkpoints: %s", framework.DescribeWorkload(hw))
+		}
+	}
+	violMu.Unlock()
+
+	// The trainers finish saving.
+	agent.setAnswer(true)
+	env.Eventually(t, 90*time.Second, "victim preemption Done", func() (bool, string) {
+		st, _ := s.state(t, "low")
+		return st.Phase == ladder.PhaseDone, fmt.Sprintf("phases %v, %d pods left", phasesOf(st), len(s.pods(t, "low")))
+	})
+	done, wl := s.state(t, "low")
+	want := []ladder.Phase{ladder.PhaseCheckpointing, ladder.PhaseTerminating, ladder.PhaseDone}
+	if got := phasesOf(done); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("phases %v, want %v", got, want)
+	}
+	for i := 1; i < len(done.Transitions); i++ {
+		if done.Transitions[i].At.Before(done.Transitions[i-1].At) {
+			t.Errorf("transitions out of order: %v", done.Transitions)
+		}
+	}
+	for _, reason := range []string{preemption.EventCheckpointing, preemption.EventTerminating, preemption.EventDone} {
+		if n := s.eventCount(t, wl.Name, reason); n != 1 {
+			t.Errorf("%d %s Events on the workload, want 1", n, reason)
+		}
+	}
+	for rank, o := range done.Outcomes {
+		if o != ladder.OutcomeSaved {
+			t.Errorf("rank %s outcome %s, want %s", rank, o, ladder.OutcomeSaved)
+		}
+	}
+	var job kftraining.PyTorchJob
+	if err := env.Client.Get(env.Ctx, client.ObjectKey{Namespace: s.ns, Name: "low"}, &job); err != nil {
+		t.Fatal(err)
+	}
+	if got := job.Annotations[v1alpha1.AnnotationLastConsistentCheckpoint]; got != fmt.Sprint(consistentStep) {
+		t.Errorf("job %s = %q, want %d", v1alpha1.AnnotationLastConsistentCheckpoint, got, consistentStep)
+	}
+
+	// The preemptor runs, and was placed only after the victim was gone.
+	env.Eventually(t, 90*time.Second, "preemptor running", func() (bool, string) {
+		n := 0
+		for _, p := range s.pods(t, "high") {
+			if p.Status.Phase == corev1.PodRunning {
+				n++
+			}
+		}
+		return n == 2, fmt.Sprintf("%d of 2 running", n)
+	})
+	violMu.Lock()
+	defer violMu.Unlock()
+	if violation != "" {
+		t.Error(violation)
+	}
+	if lowGoneAt.IsZero() {
+		t.Error("never saw the victim's pods gone")
+	}
+}
+
+func podNames(ps []corev1.Pod) string {
+	var n []string
+	for _, p := range ps {
+		n = append(n, p.Name)
+	}
+	return strings.Join(n, ",")
+}
+
+// A drain's eviction of an opted-in pod is held (429) until the pod has
+// checkpointed, and never past its budget.
+func TestDrainEvictionWaitsForCheckpointWithinBudget(t *testing.T) {
+	env := framework.Start(t, framework.Options{NoKueue: true})
+	whOpts := env.WebhookServer()
+	env.StartManager(t, func(mgr ctrl.Manager) error {
+		return preemption.SetupWithManager(mgr, preemption.Options{EvictionWebhook: true, SkipNameValidation: true})
+	}, whOpts)
+	env.InstallWebhooks(t, whOpts, preemption.EvictionWebhookConfiguration("gpupack-system", "gpupack-webhook"))
+	ns := env.Namespace(t, "drain")
+	const budget = 6 * time.Second
+	mkPod := func(name string, opted bool) *corev1.Pod {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Annotations: map[string]string{
+			v1alpha1.AnnotationCheckpointTimeout: budget.String()}},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "trainer"}}}}
+		if opted {
+			p.Annotations[v1alpha1.AnnotationCheckpoint] = "true"
+		}
+		env.MustCreate(t, p)
+		return p
+	}
+	evict := func(name string) error {
+		return env.Clientset.PolicyV1().Evictions(ns).Evict(env.Ctx, &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}})
+	}
+	held := func(err error) bool { return apierrors.IsTooManyRequests(err) }
+	gone := func(name string) bool {
+		var p corev1.Pod
+		err := env.Client.Get(env.Ctx, client.ObjectKey{Namespace: ns, Name: name}, &p)
+		return apierrors.IsNotFound(err) || (err == nil && p.DeletionTimestamp != nil)
+	}
+
+	// Webhook reachable: a not-opted-in pod is evicted at once.
+	mkPod("plain", false)
+	env.Eventually(t, 30*time.Second, "plain pod evicted", func() (bool, string) {
+		err := evict("plain")
+		return err == nil, fmt.Sprint(err)
+	})
+
+	// An opted-in pod that checkpoints: held until it reports.
+	mkPod("saver", true)
+	if err := evict("saver"); !held(err) {
+		t.Fatalf("first eviction of an opted-in pod: %v, want 429", err)
+	}
+	var p corev1.Pod
+	if err := env.Client.Get(env.Ctx, client.ObjectKey{Namespace: ns, Name: "saver"}, &p); err != nil {
+		t.Fatal(err)
+	}
+	if p.Annotations[v1alpha1.AnnotationCheckpointRequest] == "" {
+		t.Fatal("held eviction did not request a checkpoint")
+	}
+	if err := evict("saver"); !held(err) || gone("saver") {
+		t.Fatalf("second eviction before the checkpoint: %v, want 429", err)
+	}
+	patch := []byte(fmt.Sprintf(`{"metadata":{"annotations":{%q:"77"}}}`, v1alpha1.AnnotationCheckpointStep))
+	if err := env.Client.Patch(env.Ctx, &p, client.RawPatch(types.MergePatchType, patch)); err != nil {
+		t.Fatal(err)
+	}
+	if err := evict("saver"); err != nil {
+		t.Fatalf("eviction after the checkpoint: %v, want allowed", err)
+	}
+
+	// An opted-in pod that never checkpoints: held, but not past its
+	// budget (counted from the first attempt; the request time has second
+	// resolution, hence the extra second).
+	mkPod("silent", true)
+	first := time.Now()
+	if err := evict("silent"); !held(err) {
+		t.Fatalf("first eviction: %v, want 429", err)
+	}
+	for {
+		err := evict("silent")
+		since := time.Since(first)
+		if err == nil {
+			if since < budget-time.Second {
+				t.Errorf("eviction allowed after %v, before the budget %v", since, budget)
+			}
+			break
+		}
+		if !held(err) {
+			t.Fatalf("eviction: %v", err)
+		}
+		if since > budget+2*time.Second { // one retry interval and an API round trip of slack
+
+			t.Fatalf("eviction still held %v after the first attempt, past the budget %v", since, budget)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
