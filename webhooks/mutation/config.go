@@ -1,0 +1,246 @@
+// Package mutation is the pure core of gpupack's fractional-GPU webhooks and
+// of `gpupack mutate`: it rewrites PyTorchJobs, batch Jobs and Pods in place
+// (requests into gpupack.io/* resources, hook injection, checkpoint
+// wrapping, the placement gate) and validates them. The admission handlers
+// and the CLI are thin adapters around it.
+package mutation
+
+import (
+	"fmt"
+	"os"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
+	"github.com/gpupack/gpupack/flavors"
+)
+
+// Preload modes of the hook library.
+const (
+	// PreloadFile mounts the node's ld.so.preload over /etc/ld.so.preload:
+	// the tenant cannot unset it, and static helper binaries are unaffected.
+	PreloadFile = "File"
+	// PreloadEnv sets LD_PRELOAD (for images that already use /etc/ld.so.preload).
+	PreloadEnv = "Env"
+)
+
+// Env policies for tenant values of the keys the webhook owns.
+const (
+	EnvPolicyStrip = "Strip" // remove them and warn (default)
+	EnvPolicyDeny  = "Deny"  // deny the pod
+)
+
+// Names this package adds to pods. They are part of the node agent's
+// contract (it reads the shared cache under <SharedCacheHostPath>/<pod UID>/).
+const (
+	VolumeHook          = "gpupack-hook"
+	VolumeSharedCache   = "gpupack-cache"
+	VolumeCkptBin       = "gpupack-ckpt-bin"
+	VolumePodInfo       = "gpupack-podinfo"
+	EnvPodUID           = "GPUPACK_POD_UID"
+	SharedCacheFileName = "vgpu.cache"
+	CkptBinDir          = "/gpupack/bin"
+	CkptBinary          = CkptBinDir + "/gpupack-ckpt"
+	PodInfoDir          = "/etc/gpupack/podinfo" // gpupack-ckpt's default --annotations-file dir
+	InitCkptInstall     = "gpupack-ckpt-install"
+	// AnnotationCheckpointDir names the trainer's checkpoint directory
+	// (passed as --checkpoint-dir).
+	AnnotationCheckpointDir = "gpupack.io/checkpoint-dir"
+	// DefaultCheckpointSignal matches gpupack-ckpt's default.
+	DefaultCheckpointSignal = "SIGUSR1"
+)
+
+// Config configures the webhooks. Zero values take the defaults (Default()).
+type Config struct {
+	Hook HookConfig `json:"hook,omitempty"`
+	// EnvPolicy: Strip (default) or Deny.
+	EnvPolicy string `json:"envPolicy,omitempty"`
+	// Buffer is the per-GPU memory safety buffer; keep it equal to the
+	// GangFitParameters' so the webhook and the check agree.
+	Buffer BufferConfig `json:"buffer,omitempty"`
+	// DefaultGPUModel is assumed for pods that name no model
+	// (nodeSelector or required affinity on nvidia.com/gpu.product).
+	// Empty: such pods get a warning and are checked at admission.
+	DefaultGPUModel string `json:"defaultGPUModel,omitempty"`
+	// GPUModels adds models the built-in profiles do not know (or overrides them).
+	GPUModels []GPUModel `json:"gpuModels,omitempty"`
+	// Checkpoint configures the opt-in checkpoint wrapping.
+	Checkpoint CheckpointConfig `json:"checkpoint,omitempty"`
+}
+
+// HookConfig says where the node agent installs the hook library.
+type HookConfig struct {
+	// HostPath is the node directory holding the library (read-only in pods).
+	HostPath string `json:"hostPath,omitempty"`
+	// MountPath is where it appears in containers. Default: HostPath.
+	MountPath string `json:"mountPath,omitempty"`
+	// Library is the file name of the library in HostPath.
+	Library string `json:"library,omitempty"`
+	// Preload: File (default) or Env.
+	Preload string `json:"preload,omitempty"`
+	// PreloadFile is the file in HostPath that the node agent fills with the
+	// library's path; mounted over /etc/ld.so.preload. Default ld.so.preload.
+	PreloadFile string `json:"preloadFile,omitempty"`
+	// SharedCacheHostPath is the node directory of per-pod accounting files.
+	SharedCacheHostPath string `json:"sharedCacheHostPath,omitempty"`
+	// SharedCacheMountPath is where a container sees its own directory.
+	SharedCacheMountPath string `json:"sharedCacheMountPath,omitempty"`
+}
+
+// BufferConfig mirrors GangFitParameters' buffer settings.
+type BufferConfig struct {
+	DriverOverheadMiB *int64 `json:"driverOverheadMiB,omitempty"`
+	BufferPercent     *int32 `json:"bufferPercent,omitempty"`
+}
+
+// GPUModel is a GPU model's physical memory.
+type GPUModel struct {
+	Model     string `json:"model"`
+	MemoryMiB int64  `json:"memoryMiB"`
+}
+
+// CheckpointConfig configures jobs that opt in with gpupack.io/checkpoint: "true".
+type CheckpointConfig struct {
+	// Image holds /gpupack-ckpt (the manager image).
+	Image string `json:"image,omitempty"`
+	// InstallCommand copies the binary into the shared emptyDir at /gpupack/bin.
+	InstallCommand []string `json:"installCommand,omitempty"`
+	// DefaultTimeout when the job sets no gpupack.io/checkpoint-timeout.
+	DefaultTimeout metav1.Duration `json:"defaultTimeout,omitempty"`
+	// Margin is added to the timeout for terminationGracePeriodSeconds.
+	Margin metav1.Duration `json:"margin,omitempty"`
+	// MaxTimeout bounds gpupack.io/checkpoint-timeout.
+	MaxTimeout metav1.Duration `json:"maxTimeout,omitempty"`
+}
+
+// DefaultImage is the manager image the checkpoint agent is copied from.
+const DefaultImage = "ghcr.io/gpupack/gpupack-manager:latest"
+
+// Default returns the configuration with every default filled in.
+func Default() Config {
+	var c Config
+	c.applyDefaults()
+	return c
+}
+
+func (c *Config) applyDefaults() {
+	h := &c.Hook
+	if h.HostPath == "" {
+		h.HostPath = v1alpha1.DefaultHookHostPath
+	}
+	if h.MountPath == "" {
+		h.MountPath = h.HostPath
+	}
+	if h.Library == "" {
+		h.Library = v1alpha1.HookLibraryName
+	}
+	if h.Preload == "" {
+		h.Preload = PreloadFile
+	}
+	if h.PreloadFile == "" {
+		h.PreloadFile = "ld.so.preload"
+	}
+	if h.SharedCacheHostPath == "" {
+		h.SharedCacheHostPath = v1alpha1.DefaultSharedCacheDir
+	}
+	if h.SharedCacheMountPath == "" {
+		h.SharedCacheMountPath = "/var/run/gpupack"
+	}
+	if c.EnvPolicy == "" {
+		c.EnvPolicy = EnvPolicyStrip
+	}
+	k := &c.Checkpoint
+	if k.Image == "" {
+		k.Image = DefaultImage
+	}
+	if len(k.InstallCommand) == 0 {
+		k.InstallCommand = []string{"cp", "/gpupack-ckpt", CkptBinary}
+	}
+	if k.DefaultTimeout.Duration == 0 {
+		k.DefaultTimeout.Duration = 20 * time.Second
+	}
+	if k.Margin.Duration == 0 {
+		k.Margin.Duration = 30 * time.Second
+	}
+	if k.MaxTimeout.Duration == 0 {
+		k.MaxTimeout.Duration = 2 * time.Hour
+	}
+}
+
+// Validate reports settings that cannot work.
+func (c Config) Validate() error {
+	switch c.Hook.Preload {
+	case PreloadFile, PreloadEnv:
+	default:
+		return fmt.Errorf("hook.preload %q: want %s or %s", c.Hook.Preload, PreloadFile, PreloadEnv)
+	}
+	switch c.EnvPolicy {
+	case EnvPolicyStrip, EnvPolicyDeny:
+	default:
+		return fmt.Errorf("envPolicy %q: want %s or %s", c.EnvPolicy, EnvPolicyStrip, EnvPolicyDeny)
+	}
+	if b := c.Buffer.DriverOverheadMiB; b != nil && *b < 0 {
+		return fmt.Errorf("buffer.driverOverheadMiB %d: want ≥ 0", *b)
+	}
+	if b := c.Buffer.BufferPercent; b != nil && (*b < 0 || *b > 90) {
+		return fmt.Errorf("buffer.bufferPercent %d: want 0–90", *b)
+	}
+	for _, m := range c.GPUModels {
+		if m.Model == "" || m.MemoryMiB <= 0 {
+			return fmt.Errorf("gpuModels: %q with memoryMiB %d: want a name and memoryMiB > 0", m.Model, m.MemoryMiB)
+		}
+	}
+	if c.DefaultGPUModel != "" {
+		if _, ok := c.lookupModel(c.DefaultGPUModel); !ok {
+			return fmt.Errorf("defaultGPUModel %q is not a known GPU model; add it to gpuModels", c.DefaultGPUModel)
+		}
+	}
+	if c.Checkpoint.Margin.Duration < 0 || c.Checkpoint.DefaultTimeout.Duration < 0 {
+		return fmt.Errorf("checkpoint durations must be positive")
+	}
+	return nil
+}
+
+func (c Config) buffer() flavors.Buffer {
+	return flavors.NewBuffer(c.Buffer.DriverOverheadMiB, c.Buffer.BufferPercent)
+}
+
+// lookupModel returns the physical MiB of a model: configured models first.
+func (c Config) lookupModel(name string) (int64, bool) {
+	for _, m := range c.GPUModels {
+		if m.Model == name {
+			return m.MemoryMiB, true
+		}
+	}
+	if p, ok := flavors.Lookup(name); ok {
+		return p.MemoryMiB, true
+	}
+	return 0, false
+}
+
+// ParseConfig reads a YAML (or JSON) configuration, strictly, and fills defaults.
+func ParseConfig(data []byte) (Config, error) {
+	var c Config
+	if err := yaml.UnmarshalStrict(data, &c); err != nil {
+		return Config{}, fmt.Errorf("webhook config: %w", err)
+	}
+	c.applyDefaults()
+	if err := c.Validate(); err != nil {
+		return Config{}, fmt.Errorf("webhook config: %w", err)
+	}
+	return c, nil
+}
+
+// LoadConfig reads a configuration file; an empty path gives the defaults.
+func LoadConfig(path string) (Config, error) {
+	if path == "" {
+		return Default(), nil
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return Config{}, err
+	}
+	return ParseConfig(data)
+}

@@ -1,0 +1,470 @@
+package mutation
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	kftraining "github.com/kubeflow/training-operator/pkg/apis/kubeflow.org/v1"
+
+	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
+	"github.com/gpupack/gpupack/flavors"
+	"github.com/gpupack/gpupack/webhooks/gpureq"
+)
+
+// Mutator applies one Config. It is safe for concurrent use.
+type Mutator struct {
+	cfg Config
+	buf flavors.Buffer
+}
+
+// New fills cfg's defaults and validates it.
+func New(cfg Config) (*Mutator, error) {
+	cfg.applyDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Mutator{cfg: cfg, buf: cfg.buffer()}, nil
+}
+
+// Config returns the effective configuration.
+func (m *Mutator) Config() Config { return m.cfg }
+
+// PodContext is what the admission adapter knows about a pod beyond the pod.
+type PodContext struct {
+	// ResumeStep is the owning job's gpupack.io/last-consistent-checkpoint.
+	ResumeStep string
+}
+
+// tmpl is the outcome of mutating one pod template.
+type tmpl struct {
+	reqs []gpureq.Request // per regular container, after conversion
+	warn []string
+}
+
+// model is the GPU model a pod can land on.
+type model struct {
+	name     string
+	physical int64
+	known    bool
+}
+
+// gpuModel reads the model from the nodeSelector, else the required node
+// affinity (the largest of the listed models: a request must fit on at least
+// one), else the configured default.
+func (m *Mutator) gpuModel(s *corev1.PodSpec) (model, string) {
+	if name, ok := s.NodeSelector[flavors.LabelGPUProduct]; ok {
+		if phys, ok := m.cfg.lookupModel(name); ok {
+			return model{name, phys, true}, ""
+		}
+		return model{name: name}, fmt.Sprintf("GPU model %q (nodeSelector %s) is unknown to gpupack; add it to the webhook's gpuModels so requests are checked against its 90%% line", name, flavors.LabelGPUProduct)
+	}
+	if a := s.Affinity; a != nil && a.NodeAffinity != nil && a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution != nil {
+		var best model
+		var unknown []string
+		for _, term := range a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms {
+			for _, e := range term.MatchExpressions {
+				if e.Key != flavors.LabelGPUProduct || e.Operator != corev1.NodeSelectorOpIn {
+					continue
+				}
+				for _, v := range e.Values {
+					phys, ok := m.cfg.lookupModel(v)
+					if !ok {
+						unknown = append(unknown, v)
+						continue
+					}
+					if phys > best.physical {
+						best = model{v, phys, true}
+					}
+				}
+			}
+		}
+		if best.known {
+			return best, ""
+		}
+		if len(unknown) > 0 {
+			return model{name: unknown[0]}, fmt.Sprintf("GPU models %q (node affinity) are unknown to gpupack; add them to the webhook's gpuModels", unknown)
+		}
+	}
+	if m.cfg.DefaultGPUModel != "" {
+		phys, _ := m.cfg.lookupModel(m.cfg.DefaultGPUModel) // checked by Validate
+		return model{m.cfg.DefaultGPUModel, phys, true}, ""
+	}
+	return model{}, fmt.Sprintf("no GPU model is known for this pod (set nodeSelector %s, or the webhook's defaultGPUModel); the per-GPU memory limit is checked when the job is admitted", flavors.LabelGPUProduct)
+}
+
+var memoryKeys = []string{v1alpha1.AnnotationGPUMemory, v1alpha1.AnnotationHAMiGPUMem, v1alpha1.AnnotationHAMiGPUMemPercentage}
+var coresKeys = []string{v1alpha1.AnnotationGPUCores, v1alpha1.AnnotationHAMiGPUCores}
+var checkpointKeys = []string{v1alpha1.AnnotationCheckpoint, v1alpha1.AnnotationCheckpointSignal, v1alpha1.AnnotationCheckpointTimeout, AnnotationCheckpointDir}
+
+func hasAny(ann map[string]string, keys []string) bool {
+	for _, k := range keys {
+		if _, ok := ann[k]; ok {
+			return true
+		}
+	}
+	return false
+}
+
+// template converts the GPU requests of one pod template in place. jobAnn
+// are the job-level annotations (nil for a Pod).
+func (m *Mutator) template(where string, jobAnn map[string]string, t *corev1.PodTemplateSpec) (tmpl, error) {
+	var out tmpl
+	spec, err := gpureq.Effective(jobAnn, t.Annotations)
+	if err != nil {
+		return out, fmt.Errorf("%s: %w", where, err)
+	}
+	mdl, modelWarn := m.gpuModel(&t.Spec)
+	alloc := m.buf.Allocatable(mdl.physical)
+	anyGPU, warned := false, false
+	for i := range t.Spec.Containers {
+		c := &t.Spec.Containers[i]
+		req, err := gpureq.ContainerRequest(spec, c)
+		if err != nil {
+			return out, fmt.Errorf("%s: %w", where, err)
+		}
+		if req.Kind != gpureq.NoGPU {
+			anyGPU = true
+			if sc := c.SecurityContext; sc != nil && sc.Privileged != nil && *sc.Privileged {
+				return out, fmt.Errorf("%s: container %q asks for GPUs and is privileged; a privileged container can bypass GPU isolation, so gpupack denies it", where, c.Name)
+			}
+		}
+		if req.Kind == gpureq.Fractional || req.Kind == gpureq.Converted {
+			if req.Spec.MemoryPercent > 0 {
+				if !mdl.known {
+					return out, fmt.Errorf("%s: container %q: %s needs a known GPU model to become MiB; set nodeSelector %s (or the webhook's defaultGPUModel), or ask for %s in MiB", where, c.Name, v1alpha1.AnnotationHAMiGPUMemPercentage, flavors.LabelGPUProduct, v1alpha1.AnnotationGPUMemory)
+				}
+				req.Spec.MemoryMiB = max(1, (int64(req.Spec.MemoryPercent)*alloc+99)/100)
+				req.Spec.MemoryPercent = 0
+			}
+			if mdl.known && req.Spec.MemoryMiB > alloc {
+				return out, fmt.Errorf("%s: container %q asks for %d MiB per GPU, more than the %d MiB a pod may take on one %s (%d MiB physical − %d MiB driver overhead − %d%% buffer, never above %d%%); ask for at most %dMi", where, c.Name, req.Spec.MemoryMiB, alloc, mdl.name, mdl.physical, m.buf.DriverOverheadMiB, m.buf.BufferPercent, flavors.HardCapPercent, alloc)
+			}
+			if req.Kind == gpureq.Fractional && !mdl.known && modelWarn != "" && !warned {
+				out.warn = append(out.warn, where+": "+modelWarn)
+				warned = true
+			}
+			if req.Kind == gpureq.Fractional {
+				convert(c, req)
+				req.Kind = gpureq.Converted
+			}
+		}
+		out.reqs = append(out.reqs, req)
+	}
+	if !anyGPU && (spec.HasMemory() || spec.Cores > 0) {
+		return out, fmt.Errorf("%s: %s/%s is set but no container asks for %s in its limits; add %s: 1 (or more) to the GPU container", where, v1alpha1.AnnotationGPUMemory, v1alpha1.AnnotationGPUCores, v1alpha1.ResourceNvidiaGPU, v1alpha1.ResourceNvidiaGPU)
+	}
+	// Carry job-level defaults down so the pods (which never see the job's
+	// annotations) read the same request.
+	if jobAnn != nil {
+		copyKeys := func(keys []string) {
+			if hasAny(t.Annotations, keys) {
+				return
+			}
+			for _, k := range keys {
+				if v, ok := jobAnn[k]; ok {
+					if t.Annotations == nil {
+						t.Annotations = map[string]string{}
+					}
+					t.Annotations[k] = v
+				}
+			}
+		}
+		copyKeys(memoryKeys)
+		copyKeys(coresKeys)
+		copyKeys(checkpointKeys)
+	}
+	if t.Annotations[v1alpha1.AnnotationCheckpoint] == "true" {
+		if _, err := m.checkpointSettings(where, t); err != nil {
+			return out, err
+		}
+	}
+	return out, nil
+}
+
+// hamiResources are HAMi's per-container resources; once converted they must
+// go, or the pod would wait for a resource no node advertises.
+var hamiResources = []corev1.ResourceName{v1alpha1.AnnotationHAMiGPUMem, v1alpha1.AnnotationHAMiGPUMemPercentage, v1alpha1.AnnotationHAMiGPUCores}
+
+// convert rewrites a fractional request into the resources Kueue counts.
+func convert(c *corev1.Container, req gpureq.Request) {
+	set := func(rl corev1.ResourceList) corev1.ResourceList {
+		if rl == nil {
+			rl = corev1.ResourceList{}
+		}
+		delete(rl, v1alpha1.ResourceNvidiaGPU)
+		for _, r := range hamiResources {
+			delete(rl, r)
+		}
+		rl[v1alpha1.ResourceVGPU] = *resource.NewQuantity(req.GPUs, resource.DecimalSI)
+		rl[v1alpha1.ResourceGPUMemory] = *resource.NewQuantity(req.GPUs*req.Spec.MemoryMiB, resource.DecimalSI)
+		if req.Spec.Cores > 0 {
+			rl[v1alpha1.ResourceGPUCores] = *resource.NewQuantity(req.GPUs*int64(req.Spec.Cores), resource.DecimalSI)
+		} else {
+			delete(rl, v1alpha1.ResourceGPUCores)
+		}
+		return rl
+	}
+	c.Resources.Limits = set(c.Resources.Limits)
+	c.Resources.Requests = set(c.Resources.Requests)
+}
+
+// PyTorchJob mutates a kubeflow.org/v1 PyTorchJob in place.
+func (m *Mutator) PyTorchJob(j *kftraining.PyTorchJob) ([]string, error) {
+	var warn []string
+	types := make([]string, 0, len(j.Spec.PyTorchReplicaSpecs))
+	for rt := range j.Spec.PyTorchReplicaSpecs {
+		types = append(types, string(rt))
+	}
+	sort.Strings(types)
+	for _, rt := range types {
+		rs := j.Spec.PyTorchReplicaSpecs[kftraining.ReplicaType(rt)]
+		if rs == nil {
+			continue
+		}
+		r, err := m.template("replica "+rt, nonNil(j.Annotations), &rs.Template)
+		if err != nil {
+			return warn, err
+		}
+		warn = append(warn, r.warn...)
+	}
+	return warn, nil
+}
+
+// Job mutates a batch/v1 Job in place.
+func (m *Mutator) Job(j *batchv1.Job) ([]string, error) {
+	r, err := m.template("pod template", nonNil(j.Annotations), &j.Spec.Template)
+	return r.warn, err
+}
+
+func nonNil(m map[string]string) map[string]string {
+	if m == nil {
+		return map[string]string{}
+	}
+	return m
+}
+
+// Pod mutates a Pod at creation: requests, hook injection on GPU containers,
+// owned environment, checkpoint wrapping, resume step, placement gate.
+func (m *Mutator) Pod(p *corev1.Pod, pc PodContext) ([]string, error) {
+	t := corev1.PodTemplateSpec{ObjectMeta: p.ObjectMeta, Spec: p.Spec}
+	r, err := m.template("pod", nil, &t)
+	if err != nil {
+		return r.warn, err
+	}
+	p.ObjectMeta, p.Spec = t.ObjectMeta, t.Spec
+	warn := r.warn
+	fractional := false
+	for i, req := range r.reqs {
+		if req.Kind == gpureq.NoGPU {
+			continue
+		}
+		c := &p.Spec.Containers[i]
+		w, err := m.ownEnv(c, req)
+		if err != nil {
+			return warn, err
+		}
+		warn = append(warn, w...)
+		if req.Kind == gpureq.Converted {
+			fractional = true
+			warn = append(warn, m.mountHook(c)...)
+		}
+	}
+	if fractional {
+		m.hookVolumes(&p.Spec)
+	}
+	if p.Annotations[v1alpha1.AnnotationCheckpoint] == "true" {
+		if err := m.wrapCheckpoint(p, r.reqs); err != nil {
+			return warn, err
+		}
+	}
+	step := pc.ResumeStep
+	if step == "" {
+		step = p.Annotations[v1alpha1.AnnotationLastConsistentCheckpoint]
+	}
+	if step != "" {
+		if _, err := strconv.ParseInt(step, 10, 64); err != nil {
+			warn = append(warn, fmt.Sprintf("ignoring %s %q: not a step number", v1alpha1.AnnotationLastConsistentCheckpoint, step))
+		} else {
+			for i := range p.Spec.Containers {
+				setEnv(&p.Spec.Containers[i], corev1.EnvVar{Name: v1alpha1.EnvResumeStep, Value: step})
+			}
+		}
+	}
+	if _, ok := p.Annotations[v1alpha1.AnnotationPlan]; ok {
+		addGate(&p.Spec, v1alpha1.SchedulingGatePlacement)
+	}
+	return warn, nil
+}
+
+func addGate(s *corev1.PodSpec, name string) {
+	for _, g := range s.SchedulingGates {
+		if g.Name == name {
+			return
+		}
+	}
+	s.SchedulingGates = append(s.SchedulingGates, corev1.PodSchedulingGate{Name: name})
+}
+
+// owned reports the environment keys the webhook owns on GPU containers.
+func owned(name string) bool {
+	switch name {
+	case v1alpha1.EnvLDPreload, v1alpha1.EnvMemoryLimit, v1alpha1.EnvSMLimit, v1alpha1.EnvSharedCache,
+		v1alpha1.EnvDisableControl, v1alpha1.EnvVisibleDevices, EnvPodUID:
+		return true
+	}
+	return strings.HasPrefix(name, v1alpha1.EnvMemoryLimit+"_") || strings.HasPrefix(name, v1alpha1.EnvSMLimit+"_")
+}
+
+// hookEnv is the environment a shared-GPU container gets.
+func (m *Mutator) hookEnv(c *corev1.Container, req gpureq.Request) []corev1.EnvVar {
+	env := []corev1.EnvVar{
+		{Name: EnvPodUID, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "metadata.uid"}}},
+		{Name: v1alpha1.EnvMemoryLimit, Value: strconv.FormatInt(req.Spec.MemoryMiB, 10) + "m"},
+	}
+	if req.Spec.Cores > 0 {
+		env = append(env, corev1.EnvVar{Name: v1alpha1.EnvSMLimit, Value: strconv.Itoa(int(req.Spec.Cores))})
+	}
+	env = append(env, corev1.EnvVar{Name: v1alpha1.EnvSharedCache, Value: m.cfg.Hook.SharedCacheMountPath + "/" + SharedCacheFileName})
+	if m.cfg.Hook.Preload == PreloadEnv {
+		env = append(env, corev1.EnvVar{Name: v1alpha1.EnvLDPreload, Value: m.cfg.Hook.MountPath + "/" + m.cfg.Hook.Library})
+	}
+	return env
+}
+
+// ownEnv replaces the owned keys of a GPU container with the webhook's
+// values. A tenant value (one the webhook would not have set) is removed with
+// a warning, or denied under EnvPolicyDeny. Re-running is a no-op.
+func (m *Mutator) ownEnv(c *corev1.Container, req gpureq.Request) ([]string, error) {
+	var want []corev1.EnvVar
+	if req.Kind == gpureq.Converted {
+		want = m.hookEnv(c, req)
+	}
+	ours := make(map[string]corev1.EnvVar, len(want))
+	for _, e := range want {
+		ours[e.Name] = e
+	}
+	// Entries already equal to ours stay where they are, so a second pass
+	// changes nothing.
+	var warn []string
+	placed := map[string]bool{}
+	kept := make([]corev1.EnvVar, 0, len(c.Env)+len(want))
+	for _, e := range c.Env {
+		if !owned(e.Name) {
+			kept = append(kept, e)
+			continue
+		}
+		if w, ok := ours[e.Name]; ok && envEqual(w, e) && !placed[e.Name] {
+			placed[e.Name] = true
+			kept = append(kept, e)
+			continue
+		}
+		if m.cfg.EnvPolicy == EnvPolicyDeny {
+			return nil, fmt.Errorf("container %q sets %s, which gpupack owns on GPU containers; remove it", c.Name, e.Name)
+		}
+		warn = append(warn, fmt.Sprintf("container %q: removed %s; gpupack owns it on GPU containers", c.Name, e.Name))
+	}
+	for _, w := range want {
+		if !placed[w.Name] {
+			kept = append(kept, w)
+		}
+	}
+	c.Env = kept
+	return warn, nil
+}
+
+func envEqual(a, b corev1.EnvVar) bool {
+	if a.Name != b.Name || a.Value != b.Value || (a.ValueFrom == nil) != (b.ValueFrom == nil) {
+		return false
+	}
+	if a.ValueFrom == nil {
+		return true
+	}
+	fa, fb := a.ValueFrom.FieldRef, b.ValueFrom.FieldRef
+	return fa != nil && fb != nil && fa.FieldPath == fb.FieldPath && a.ValueFrom.ConfigMapKeyRef == nil && b.ValueFrom.ConfigMapKeyRef == nil &&
+		a.ValueFrom.SecretKeyRef == nil && b.ValueFrom.SecretKeyRef == nil && a.ValueFrom.ResourceFieldRef == nil && b.ValueFrom.ResourceFieldRef == nil
+}
+
+func setEnv(c *corev1.Container, e corev1.EnvVar) {
+	for i := range c.Env {
+		if c.Env[i].Name == e.Name {
+			c.Env[i] = e
+			return
+		}
+	}
+	c.Env = append(c.Env, e)
+}
+
+const etcPreload = "/etc/ld.so.preload"
+
+// mountHook mounts the library, the preload file and the per-pod shared
+// cache. Tenant mounts at those paths are replaced (they could unload the hook).
+func (m *Mutator) mountHook(c *corev1.Container) []string {
+	h := m.cfg.Hook
+	want := []corev1.VolumeMount{{Name: VolumeHook, MountPath: h.MountPath, ReadOnly: true}}
+	if h.Preload == PreloadFile {
+		want = append(want, corev1.VolumeMount{Name: VolumeHook, MountPath: etcPreload, SubPath: h.PreloadFile, ReadOnly: true})
+	}
+	// subPathExpr gives each container its own directory <host>/<pod UID>/<container>,
+	// so tenants cannot read or poison each other's accounting.
+	want = append(want, corev1.VolumeMount{Name: VolumeSharedCache, MountPath: h.SharedCacheMountPath, SubPathExpr: "$(" + EnvPodUID + ")/" + c.Name})
+	paths := map[string]bool{}
+	for _, w := range want {
+		paths[w.MountPath] = true
+	}
+	var warn []string
+	placed := map[string]bool{}
+	kept := c.VolumeMounts[:0:0]
+	for _, vm := range c.VolumeMounts {
+		if !paths[vm.MountPath] && vm.Name != VolumeHook && vm.Name != VolumeSharedCache {
+			kept = append(kept, vm)
+			continue
+		}
+		if i := indexMount(want, vm.MountPath); i >= 0 && equality.Semantic.DeepEqual(want[i], vm) && !placed[vm.MountPath] {
+			placed[vm.MountPath] = true
+			kept = append(kept, vm)
+			continue
+		}
+		if vm.Name != VolumeHook && vm.Name != VolumeSharedCache {
+			warn = append(warn, fmt.Sprintf("container %q: replaced the mount at %s; gpupack mounts its GPU hook there", c.Name, vm.MountPath))
+		}
+	}
+	for _, w := range want {
+		if !placed[w.MountPath] {
+			kept = append(kept, w)
+		}
+	}
+	c.VolumeMounts = kept
+	return warn
+}
+
+func indexMount(vms []corev1.VolumeMount, path string) int {
+	for i := range vms {
+		if vms[i].MountPath == path {
+			return i
+		}
+	}
+	return -1
+}
+
+func (m *Mutator) hookVolumes(s *corev1.PodSpec) {
+	dir, dirOrCreate := corev1.HostPathDirectory, corev1.HostPathDirectoryOrCreate
+	setVolume(s, corev1.Volume{Name: VolumeHook, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: m.cfg.Hook.HostPath, Type: &dir}}})
+	setVolume(s, corev1.Volume{Name: VolumeSharedCache, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: m.cfg.Hook.SharedCacheHostPath, Type: &dirOrCreate}}})
+}
+
+func setVolume(s *corev1.PodSpec, v corev1.Volume) {
+	for i := range s.Volumes {
+		if s.Volumes[i].Name == v.Name {
+			s.Volumes[i] = v
+			return
+		}
+	}
+	s.Volumes = append(s.Volumes, v)
+}

@@ -1,0 +1,303 @@
+package mutation
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+
+	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
+	"github.com/gpupack/gpupack/flavors"
+)
+
+const (
+	gpu  = v1alpha1.ResourceNvidiaGPU
+	vgpu = v1alpha1.ResourceVGPU
+	gmem = v1alpha1.ResourceGPUMemory
+	gcor = v1alpha1.ResourceGPUCores
+	h100 = "NVIDIA-H100-80GB-HBM3"
+)
+
+func mustNew(t *testing.T, cfg Config) *Mutator {
+	t.Helper()
+	m, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func TestPyTorchJobConversion(t *testing.T) {
+	m := mustNew(t, Config{})
+	j := makePyTorchJob(map[string]string{v1alpha1.AnnotationGPUMemory: "20Gi", v1alpha1.AnnotationGPUCores: "30"}, map[string]corev1.PodTemplateSpec{
+		"Master": template(nil, makeCtr("pytorch").gpus("1").limit("cpu", "2").obj()),
+		"Worker": template(map[string]string{v1alpha1.AnnotationHAMiGPUMem: "10240"}, makeCtr("pytorch").gpus("2").obj(), makeCtr("sidecar").limit("cpu", "1").obj()),
+	})
+	if _, err := m.PyTorchJob(j); err != nil {
+		t.Fatal(err)
+	}
+	master := j.Spec.PyTorchReplicaSpecs["Master"].Template
+	if d := cmp.Diff(rl(vgpu, "1", gmem, "20480", gcor, "30", "cpu", "2"), master.Spec.Containers[0].Resources.Limits); d != "" {
+		t.Errorf("master limits (-want +got):\n%s", d)
+	}
+	if d := cmp.Diff(rl(vgpu, "1", gmem, "20480", gcor, "30"), master.Spec.Containers[0].Resources.Requests); d != "" {
+		t.Errorf("master requests (-want +got):\n%s", d)
+	}
+	if d := cmp.Diff(map[string]string{v1alpha1.AnnotationGPUMemory: "20Gi", v1alpha1.AnnotationGPUCores: "30"}, master.Annotations); d != "" {
+		t.Errorf("master template annotations carry the job defaults (-want +got):\n%s", d)
+	}
+	worker := j.Spec.PyTorchReplicaSpecs["Worker"].Template
+	if d := cmp.Diff(rl(vgpu, "2", gmem, "20480", gcor, "60"), worker.Spec.Containers[0].Resources.Limits); d != "" {
+		t.Errorf("worker limits: template overrides memory, job's cores stay (-want +got):\n%s", d)
+	}
+	if d := cmp.Diff(rl("cpu", "1"), worker.Spec.Containers[1].Resources.Limits); d != "" {
+		t.Errorf("sidecar untouched (-want +got):\n%s", d)
+	}
+	if d := cmp.Diff(map[string]string{v1alpha1.AnnotationHAMiGPUMem: "10240", v1alpha1.AnnotationGPUCores: "30"}, worker.Annotations); d != "" {
+		t.Errorf("worker annotations (-want +got):\n%s", d)
+	}
+}
+
+func TestWholeGPUStaysExclusive(t *testing.T) {
+	m := mustNew(t, Config{})
+	j := makeJob(nil, template(nil, makeCtr("c").gpus("8").obj()))
+	orig := j.DeepCopy()
+	if _, err := m.Job(j); err != nil {
+		t.Fatal(err)
+	}
+	if d := cmp.Diff(orig, j); d != "" {
+		t.Errorf("whole-GPU job changed (-want +got):\n%s", d)
+	}
+}
+
+func TestPodHookInjection(t *testing.T) {
+	m := mustNew(t, Config{})
+	p := makePod("p").nodeSelector(flavors.LabelGPUProduct, h100).ann(v1alpha1.AnnotationGPUMemory, "10Gi").ann(v1alpha1.AnnotationGPUCores, "50").
+		ctr(makeCtr("gpu").gpus("1").env("HOME", "/root").obj()).
+		ctr(makeCtr("cpu").env(v1alpha1.EnvLDPreload, "/mine.so").obj()).obj()
+	p.Spec.InitContainers = []corev1.Container{makeCtr("init").env(v1alpha1.EnvLDPreload, "/x.so").obj()}
+	warn, err := m.Pod(p, PodContext{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(warn) != 0 {
+		t.Errorf("warnings: %q", warn)
+	}
+	c := p.Spec.Containers[0]
+	wantEnv := []corev1.EnvVar{
+		{Name: "HOME", Value: "/root"},
+		{Name: EnvPodUID, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "metadata.uid"}}},
+		{Name: v1alpha1.EnvMemoryLimit, Value: "10240m"},
+		{Name: v1alpha1.EnvSMLimit, Value: "50"},
+		{Name: v1alpha1.EnvSharedCache, Value: "/var/run/gpupack/vgpu.cache"},
+	}
+	if d := cmp.Diff(wantEnv, c.Env); d != "" {
+		t.Errorf("env (-want +got):\n%s", d)
+	}
+	wantMounts := []corev1.VolumeMount{
+		{Name: VolumeHook, MountPath: v1alpha1.DefaultHookHostPath, ReadOnly: true},
+		{Name: VolumeHook, MountPath: "/etc/ld.so.preload", SubPath: "ld.so.preload", ReadOnly: true},
+		{Name: VolumeSharedCache, MountPath: "/var/run/gpupack", SubPathExpr: "$(GPUPACK_POD_UID)/gpu"},
+	}
+	if d := cmp.Diff(wantMounts, c.VolumeMounts); d != "" {
+		t.Errorf("mounts (-want +got):\n%s", d)
+	}
+	if got := len(p.Spec.Volumes); got != 2 || p.Spec.Volumes[0].HostPath == nil || p.Spec.Volumes[0].HostPath.Path != v1alpha1.DefaultHookHostPath ||
+		p.Spec.Volumes[1].HostPath.Path != v1alpha1.DefaultSharedCacheDir {
+		t.Errorf("volumes = %+v", p.Spec.Volumes)
+	}
+	if d := cmp.Diff([]corev1.EnvVar{{Name: v1alpha1.EnvLDPreload, Value: "/mine.so"}}, p.Spec.Containers[1].Env); d != "" {
+		t.Errorf("non-GPU container touched (-want +got):\n%s", d)
+	}
+	if d := cmp.Diff([]corev1.EnvVar{{Name: v1alpha1.EnvLDPreload, Value: "/x.so"}}, p.Spec.InitContainers[0].Env); d != "" {
+		t.Errorf("init container touched (-want +got):\n%s", d)
+	}
+	if len(p.Spec.SchedulingGates) != 0 {
+		t.Errorf("gate without plan: %v", p.Spec.SchedulingGates)
+	}
+}
+
+func TestPreloadEnvMode(t *testing.T) {
+	m := mustNew(t, Config{Hook: HookConfig{Preload: PreloadEnv, HostPath: "/opt/hook", MountPath: "/hook"}})
+	p := makePod("p").ann(v1alpha1.AnnotationGPUMemory, "1000").ctr(makeCtr("gpu").gpus("1").obj()).obj()
+	if _, err := m.Pod(p, PodContext{}); err != nil {
+		t.Fatal(err)
+	}
+	var preload string
+	for _, e := range p.Spec.Containers[0].Env {
+		if e.Name == v1alpha1.EnvLDPreload {
+			preload = e.Value
+		}
+	}
+	if preload != "/hook/"+v1alpha1.HookLibraryName {
+		t.Errorf("LD_PRELOAD = %q", preload)
+	}
+	for _, vm := range p.Spec.Containers[0].VolumeMounts {
+		if vm.MountPath == "/etc/ld.so.preload" {
+			t.Errorf("Env mode mounts /etc/ld.so.preload")
+		}
+	}
+}
+
+func TestOwnedEnv(t *testing.T) {
+	tenant := func() *corev1.Pod {
+		return makePod("p").nodeSelector(flavors.LabelGPUProduct, h100).ann(v1alpha1.AnnotationGPUMemory, "1000").ctr(makeCtr("gpu").gpus("1").
+			env(v1alpha1.EnvLDPreload, "/evil.so").env("CUDA_DEVICE_MEMORY_LIMIT_0", "80g").env(v1alpha1.EnvDisableControl, "true").
+			env(v1alpha1.EnvVisibleDevices, "all").env(v1alpha1.EnvMemoryLimit, "1000m").env("KEEP", "1").obj()).obj()
+	}
+	m := mustNew(t, Config{})
+	p := tenant()
+	warn, err := m.Pod(p, PodContext{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range p.Spec.Containers[0].Env {
+		names = append(names, e.Name+"="+e.Value)
+	}
+	want := []string{"CUDA_DEVICE_MEMORY_LIMIT=1000m", "KEEP=1", EnvPodUID + "=", "CUDA_DEVICE_MEMORY_SHARED_CACHE=/var/run/gpupack/vgpu.cache"}
+	if d := cmp.Diff(want, names); d != "" {
+		t.Errorf("env (-want +got):\n%s", d)
+	}
+	// The tenant's CUDA_DEVICE_MEMORY_LIMIT equals what gpupack sets: no warning for it.
+	if len(warn) != 4 || !strings.Contains(strings.Join(warn, "\n"), `removed LD_PRELOAD`) {
+		t.Errorf("warnings = %q", warn)
+	}
+
+	deny := mustNew(t, Config{EnvPolicy: EnvPolicyDeny})
+	if _, err := deny.Pod(tenant(), PodContext{}); err == nil || !strings.Contains(err.Error(), "sets LD_PRELOAD, which gpupack owns") {
+		t.Errorf("deny policy: err = %v", err)
+	}
+	// Whole-GPU containers lose owned keys too, but get no hook.
+	p = makePod("p").ctr(makeCtr("gpu").gpus("1").env(v1alpha1.EnvVisibleDevices, "all").obj()).obj()
+	warn, err = m.Pod(p, PodContext{})
+	if err != nil || len(p.Spec.Containers[0].Env) != 0 || len(warn) != 1 || len(p.Spec.Volumes) != 0 {
+		t.Errorf("whole GPU: env %v, warn %q, volumes %v, err %v", p.Spec.Containers[0].Env, warn, p.Spec.Volumes, err)
+	}
+}
+
+func TestTenantPreloadMountReplaced(t *testing.T) {
+	m := mustNew(t, Config{})
+	c := makeCtr("gpu").gpus("1").obj()
+	c.VolumeMounts = []corev1.VolumeMount{{Name: "mine", MountPath: "/etc/ld.so.preload"}, {Name: "data", MountPath: "/data"}}
+	p := makePod("p").nodeSelector(flavors.LabelGPUProduct, h100).ann(v1alpha1.AnnotationGPUMemory, "1000").ctr(c).obj()
+	warn, err := m.Pod(p, PodContext{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(warn) != 1 || !strings.Contains(warn[0], "replaced the mount at /etc/ld.so.preload") {
+		t.Errorf("warn = %q", warn)
+	}
+	for _, vm := range p.Spec.Containers[0].VolumeMounts {
+		if vm.MountPath == "/etc/ld.so.preload" && vm.Name != VolumeHook {
+			t.Errorf("tenant preload mount survived: %+v", vm)
+		}
+	}
+}
+
+// Mutating twice changes nothing and warns nothing; a pod made from a
+// mutated job template comes out the same as a pod mutated directly.
+func TestIdempotent(t *testing.T) {
+	m := mustNew(t, Config{})
+	j := makeJob(map[string]string{v1alpha1.AnnotationGPUMemory: "20Gi", v1alpha1.AnnotationCheckpoint: "true"},
+		template(map[string]string{v1alpha1.AnnotationPlan: "plan-1"}, makeCtr("gpu").gpus("2").env(v1alpha1.EnvLDPreload, "/evil.so").obj()))
+	if _, err := m.Job(j); err != nil {
+		t.Fatal(err)
+	}
+	again := j.DeepCopy()
+	if w, err := m.Job(again); err != nil || len(w) != 0 || !equality.Semantic.DeepEqual(j, again) {
+		t.Errorf("second Job pass: warn %q err %v diff %s", w, err, cmp.Diff(j, again))
+	}
+	if err := m.ValidateJob(j); err != nil {
+		t.Errorf("ValidateJob after mutation: %v", err)
+	}
+	p := &corev1.Pod{ObjectMeta: j.Spec.Template.ObjectMeta, Spec: j.Spec.Template.Spec}
+	p.Name, p.Namespace = "p", "ns"
+	if _, err := m.Pod(p, PodContext{ResumeStep: "1200"}); err != nil {
+		t.Fatal(err)
+	}
+	p2 := p.DeepCopy()
+	if w, err := m.Pod(p2, PodContext{ResumeStep: "1200"}); err != nil || len(w) != 0 || !equality.Semantic.DeepEqual(p, p2) {
+		t.Errorf("second Pod pass: warn %q err %v diff %s", w, err, cmp.Diff(p, p2))
+	}
+	if err := m.ValidatePod(p); err != nil {
+		t.Errorf("ValidatePod after mutation: %v", err)
+	}
+	if d := cmp.Diff(rl(vgpu, "2", gmem, "40960"), p.Spec.Containers[0].Resources.Limits); d != "" {
+		t.Errorf("pod limits (-want +got):\n%s", d)
+	}
+	if d := cmp.Diff([]corev1.PodSchedulingGate{{Name: v1alpha1.SchedulingGatePlacement}}, p.Spec.SchedulingGates); d != "" {
+		t.Errorf("gates (-want +got):\n%s", d)
+	}
+}
+
+func TestValidateCatchesSkippedMutation(t *testing.T) {
+	m := mustNew(t, Config{})
+	p := makePod("p").ann(v1alpha1.AnnotationGPUMemory, "1000").ctr(makeCtr("gpu").gpus("1").obj()).obj()
+	if err := m.ValidatePod(p); err == nil || !strings.Contains(err.Error(), "not converted") {
+		t.Errorf("unmutated pod: %v", err)
+	}
+	if _, err := m.Pod(p, PodContext{}); err != nil {
+		t.Fatal(err)
+	}
+	p.Spec.Containers[0].Env = append(p.Spec.Containers[0].Env, corev1.EnvVar{Name: v1alpha1.EnvDisableControl, Value: "1"})
+	if err := m.ValidatePod(p); err == nil || !strings.Contains(err.Error(), "environment differs") {
+		t.Errorf("env added after mutation: %v", err)
+	}
+}
+
+func TestModelAndPercent(t *testing.T) {
+	h100Phys := int64(81559)
+	alloc := flavors.Allocatable(h100Phys)
+	cases := []struct {
+		name    string
+		cfg     Config
+		pod     *corev1.Pod
+		wantMiB int64
+		wantErr string
+		warn    string
+	}{
+		{name: "percent of allocatable", pod: makePod("p").nodeSelector(flavors.LabelGPUProduct, h100).ann(v1alpha1.AnnotationHAMiGPUMemPercentage, "50").ctr(makeCtr("c").gpus("1").obj()).obj(), wantMiB: (alloc*50 + 99) / 100},
+		{name: "percent 100 is the whole allocatable", pod: makePod("p").nodeSelector(flavors.LabelGPUProduct, h100).ann(v1alpha1.AnnotationHAMiGPUMemPercentage, "100").ctr(makeCtr("c").gpus("1").obj()).obj(), wantMiB: alloc},
+		{name: "percent via default model", cfg: Config{DefaultGPUModel: "NVIDIA L4"}, pod: makePod("p").ann(v1alpha1.AnnotationHAMiGPUMemPercentage, "10").ctr(makeCtr("c").gpus("1").obj()).obj(), wantMiB: (flavors.Allocatable(23034)*10 + 99) / 100},
+		{name: "percent without model", pod: makePod("p").ann(v1alpha1.AnnotationHAMiGPUMemPercentage, "10").ctr(makeCtr("c").gpus("1").obj()).obj(), wantErr: "needs a known GPU model"},
+		{name: "at the line", pod: makePod("p").nodeSelector(flavors.LabelGPUProduct, h100).ann(v1alpha1.AnnotationGPUMemory, itoa(alloc)).ctr(makeCtr("c").gpus("1").obj()).obj(), wantMiB: alloc},
+		{name: "over the line", pod: makePod("p").nodeSelector(flavors.LabelGPUProduct, h100).ann(v1alpha1.AnnotationGPUMemory, itoa(alloc+1)).ctr(makeCtr("c").gpus("1").obj()).obj(), wantErr: "ask for at most " + itoa(alloc) + "Mi"},
+		{name: "configured model", cfg: Config{GPUModels: []GPUModel{{Model: "Acme-X1", MemoryMiB: 10000}}}, pod: makePod("p").nodeSelector(flavors.LabelGPUProduct, "Acme-X1").ann(v1alpha1.AnnotationGPUMemory, "8000").ctr(makeCtr("c").gpus("1").obj()).obj(), wantErr: "more than the 7500 MiB"},
+		{name: "unknown model warns", pod: makePod("p").nodeSelector(flavors.LabelGPUProduct, "Voodoo2").ann(v1alpha1.AnnotationGPUMemory, "8000").ctr(makeCtr("c").gpus("1").obj()).obj(), wantMiB: 8000, warn: "unknown to gpupack"},
+		{name: "no model warns", pod: makePod("p").ann(v1alpha1.AnnotationGPUMemory, "8000").ctr(makeCtr("c").gpus("1").obj()).obj(), wantMiB: 8000, warn: "no GPU model is known"},
+		{name: "custom buffer", cfg: Config{Buffer: BufferConfig{DriverOverheadMiB: ptr[int64](0), BufferPercent: ptr[int32](0)}}, pod: makePod("p").nodeSelector(flavors.LabelGPUProduct, h100).ann(v1alpha1.AnnotationGPUMemory, itoa(90*h100Phys/100)).ctr(makeCtr("c").gpus("1").obj()).obj(), wantMiB: 90 * h100Phys / 100},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			m := mustNew(t, tc.cfg)
+			warn, err := m.Pod(tc.pod, PodContext{})
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err = %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := tc.pod.Spec.Containers[0].Resources.Limits[gmem]
+			if got.Value() != tc.wantMiB {
+				t.Errorf("gpu-memory = %s, want %d", got.String(), tc.wantMiB)
+			}
+			if tc.warn != "" && (len(warn) != 1 || !strings.Contains(warn[0], tc.warn)) {
+				t.Errorf("warn = %q, want %q", warn, tc.warn)
+			}
+			if tc.warn == "" && len(warn) != 0 {
+				t.Errorf("unexpected warnings %q", warn)
+			}
+		})
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }

@@ -1,0 +1,163 @@
+package mutation
+
+import (
+	"fmt"
+	"sort"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+
+	kftraining "github.com/kubeflow/training-operator/pkg/apis/kubeflow.org/v1"
+
+	"github.com/gpupack/gpupack/webhooks/gpureq"
+)
+
+// The validating webhooks re-run the mutation on a copy: every rule lives in
+// one place, and an object the mutating webhook did not reach (skipped, or
+// changed by a later webhook) is caught because mutating it again would
+// change it.
+
+// ValidatePod checks a Pod at creation.
+func (m *Mutator) ValidatePod(p *corev1.Pod) error {
+	cp := p.DeepCopy()
+	if _, err := m.Pod(cp, PodContext{}); err != nil {
+		return err
+	}
+	return sameContainers("pod", p.Spec.Containers, cp.Spec.Containers)
+}
+
+// ValidateJob checks a batch/v1 Job at creation.
+func (m *Mutator) ValidateJob(j *batchv1.Job) error {
+	cp := j.DeepCopy()
+	if _, err := m.Job(cp); err != nil {
+		return err
+	}
+	return sameContainers("pod template", j.Spec.Template.Spec.Containers, cp.Spec.Template.Spec.Containers)
+}
+
+// ValidatePyTorchJob checks a PyTorchJob at creation.
+func (m *Mutator) ValidatePyTorchJob(j *kftraining.PyTorchJob) error {
+	cp := j.DeepCopy()
+	if _, err := m.PyTorchJob(cp); err != nil {
+		return err
+	}
+	for _, rt := range replicaTypes(j) {
+		a, b := j.Spec.PyTorchReplicaSpecs[rt], cp.Spec.PyTorchReplicaSpecs[rt]
+		if a == nil || b == nil {
+			continue
+		}
+		if err := sameContainers("replica "+string(rt), a.Template.Spec.Containers, b.Template.Spec.Containers); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func replicaTypes(j *kftraining.PyTorchJob) []kftraining.ReplicaType {
+	out := make([]kftraining.ReplicaType, 0, len(j.Spec.PyTorchReplicaSpecs))
+	for rt := range j.Spec.PyTorchReplicaSpecs {
+		out = append(out, rt)
+	}
+	sort.Slice(out, func(i, k int) bool { return out[i] < out[k] })
+	return out
+}
+
+func sameContainers(where string, got, want []corev1.Container) error {
+	for i := range got {
+		g, w := got[i], want[i]
+		var what string
+		switch {
+		case !equality.Semantic.DeepEqual(g.Resources, w.Resources):
+			what = "GPU resources are not converted"
+		case !equality.Semantic.DeepEqual(g.Env, w.Env):
+			what = "environment differs from what gpupack injects"
+		case !equality.Semantic.DeepEqual(g.VolumeMounts, w.VolumeMounts):
+			what = "GPU hook mounts are missing or changed"
+		case !equality.Semantic.DeepEqual(g.Command, w.Command) || !equality.Semantic.DeepEqual(g.Args, w.Args):
+			what = "command is not wrapped by gpupack-ckpt"
+		default:
+			continue
+		}
+		return fmt.Errorf("%s: container %q: %s (was the gpupack mutating webhook skipped or undone by another webhook?)", where, g.Name, what)
+	}
+	return nil
+}
+
+// requestAnnotations are the keys whose edits are refused on running jobs.
+func requestAnnotations(ann map[string]string) map[string]string {
+	out := map[string]string{}
+	for _, k := range gpureq.RequestKeys {
+		if v, ok := ann[k]; ok {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+func changed(a, b map[string]string) (string, bool) {
+	ra, rb := requestAnnotations(a), requestAnnotations(b)
+	for _, k := range gpureq.RequestKeys {
+		va, oka := ra[k]
+		vb, okb := rb[k]
+		if oka != okb || va != vb {
+			return k, true
+		}
+	}
+	return "", false
+}
+
+// ValidatePodUpdate refuses edits of the request annotations on a pod: its
+// resources (and so its limits) cannot change any more.
+func (m *Mutator) ValidatePodUpdate(old, cur *corev1.Pod) error {
+	if k, ok := changed(old.Annotations, cur.Annotations); ok {
+		return fmt.Errorf("annotation %s cannot change on an existing pod; delete and recreate it (or change its job)", k)
+	}
+	return nil
+}
+
+func runningMsg(k string) error {
+	return fmt.Errorf("annotation %s cannot change while the job runs; suspend the job first (or recreate it)", k)
+}
+
+// ValidateJobUpdate refuses edits of the request annotations on a job that
+// is not suspended (Kueue keeps jobs suspended until admission).
+func (m *Mutator) ValidateJobUpdate(old, cur *batchv1.Job) error {
+	k, ok := changed(old.Annotations, cur.Annotations)
+	if !ok {
+		k, ok = changed(old.Spec.Template.Annotations, cur.Spec.Template.Annotations)
+	}
+	if !ok {
+		return nil
+	}
+	if old.Spec.Suspend == nil || !*old.Spec.Suspend {
+		return runningMsg(k)
+	}
+	return m.ValidateJob(cur)
+}
+
+// ValidatePyTorchJobUpdate is ValidateJobUpdate for PyTorchJobs.
+func (m *Mutator) ValidatePyTorchJobUpdate(old, cur *kftraining.PyTorchJob) error {
+	k, ok := changed(old.Annotations, cur.Annotations)
+	for _, rt := range replicaTypes(cur) {
+		if ok {
+			break
+		}
+		var oa map[string]string
+		if o := old.Spec.PyTorchReplicaSpecs[rt]; o != nil {
+			oa = o.Template.Annotations
+		}
+		var ca map[string]string
+		if c := cur.Spec.PyTorchReplicaSpecs[rt]; c != nil {
+			ca = c.Template.Annotations
+		}
+		k, ok = changed(oa, ca)
+	}
+	if !ok {
+		return nil
+	}
+	if s := old.Spec.RunPolicy.Suspend; s == nil || !*s {
+		return runningMsg(k)
+	}
+	return m.ValidatePyTorchJob(cur)
+}
