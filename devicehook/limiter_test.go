@@ -11,7 +11,7 @@ import (
 
 // launchUtil runs one `launch` process per env concurrently on one fake
 // device and returns each one's share of the simulated device time.
-func launchUtil(t *testing.T, api string, secs, warm float64, envs ...env) []float64 {
+func launchUtil(t testing.TB, api string, secs, warm float64, envs ...env) []float64 {
 	t.Helper()
 	state := filepath.Join(t.TempDir(), "device")
 	utils := make([]float64, len(envs))

@@ -38,7 +38,7 @@ struct gp_hook {
 	int min_version;
 	int lib;
 	void *wrapper;
-	void *exported_real;
+	_Atomic(void *) exported_real; /* NULL until first use; MISSING if absent */
 	void *inst_wrapper[GP_INST];
 	_Atomic(void *) inst_real[GP_INST];
 };
@@ -56,6 +56,12 @@ enum {
 
 static struct gp_hook hooks[IDX_COUNT];
 
+/* The driver's own symbol behind an exported wrapper, looked up on first
+ * use: resolving all of them at init would cost every process ~50 dlsym
+ * calls it mostly never needs. */
+#define MISSING ((void *)1)
+static void *real_of(int i);
+
 #define X(sym, impl, gname, minv, lib, P, A) static int h_##impl(fn_##impl real, UNPAREN P);
 #include "hooks.def"
 #undef X
@@ -70,8 +76,10 @@ static void nvml_load(void);
 		gp_init();                                                                \
 		if (lib == LIB_NVML)                                                      \
 			pthread_once(&nvml_once, nvml_load);                              \
-		void *r = hooks[IDX_##sym].exported_real;                                 \
-		if (r == NULL)                                                            \
+		void *r = atomic_load_explicit(&hooks[IDX_##sym].exported_real, memory_order_acquire); \
+		if (__builtin_expect(r == NULL, 0))                                       \
+			r = real_of(IDX_##sym);                                           \
+		if (r == MISSING)                                                         \
 			return lib == LIB_CUDA ? CUDA_ERROR_NOT_FOUND : 13 /* NVML_ERROR_FUNCTION_NOT_FOUND */; \
 		return h_##impl((fn_##impl)r, UNPAREN A);                                 \
 	}
@@ -115,9 +123,20 @@ static void nvml_load(void)
 	if (gp.libnvml == NULL)
 		return;
 	gp.nvml_index = (gp_fn_nvml_index)gp.real_dlsym(gp.libnvml, "nvmlDeviceGetIndex");
-	for (int i = 0; i < IDX_COUNT; i++)
-		if (hooks[i].lib == LIB_NVML)
-			hooks[i].exported_real = gp.real_dlsym(gp.libnvml, hooks[i].sym);
+}
+
+static void *real_of(int i)
+{
+	struct gp_hook *h = &hooks[i];
+	void *r = atomic_load_explicit(&h->exported_real, memory_order_acquire);
+	if (r != NULL)
+		return r;
+	void *lib = h->lib == LIB_CUDA ? gp.libcuda : gp.libnvml;
+	r = lib ? gp.real_dlsym(lib, h->sym) : NULL;
+	if (r == NULL)
+		r = MISSING;
+	atomic_store_explicit(&h->exported_real, r, memory_order_release);
+	return r;
 }
 
 static void atfork_child(void)
@@ -144,12 +163,8 @@ static void init_once(void)
 	gp.libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
 	if (gp.libcuda == NULL)
 		gp_log(GP_LOG_WARN, "libcuda.so.1 not found: %s", dlerror());
-	else {
+	else
 		gp.ctx_get_device = (gp_fn_ctxgetdevice)gp.real_dlsym(gp.libcuda, "cuCtxGetDevice");
-		for (int i = 0; i < IDX_COUNT; i++)
-			if (hooks[i].lib == LIB_CUDA)
-				hooks[i].exported_real = gp.real_dlsym(gp.libcuda, hooks[i].sym);
-	}
 	if (gp_table_init(&gp.table, 17) != 0)
 		gp_log(GP_LOG_ERROR, "cannot map the allocation table");
 	if (gp_region_open(&gp.region, gp.cfg.shared_cache) != 0 || gp_region_attach(&gp.region) != 0) {
@@ -287,14 +302,14 @@ static CUresult pitch_settle(CUresult rc, CUdeviceptr p, uint64_t pitch, uint64_
 
 static CUresult undo_free_v2(CUdeviceptr p)
 {
-	fn_cuMemFree_v2 f = (fn_cuMemFree_v2)hooks[IDX_cuMemFree_v2].exported_real;
-	return f ? f(p) : CUDA_ERROR_NOT_FOUND;
+	void *f = real_of(IDX_cuMemFree_v2);
+	return f != MISSING ? ((fn_cuMemFree_v2)f)(p) : CUDA_ERROR_NOT_FOUND;
 }
 
 static CUresult undo_free_v1(CUdeviceptr p)
 {
-	fn_cuMemFree f = (fn_cuMemFree)hooks[IDX_cuMemFree].exported_real;
-	return f ? f((CUdeviceptr_v1)p) : undo_free_v2(p);
+	void *f = real_of(IDX_cuMemFree);
+	return f != MISSING ? ((fn_cuMemFree)f)((CUdeviceptr_v1)p) : undo_free_v2(p);
 }
 
 static uint64_t pitch_estimate(uint64_t w, uint64_t h)
@@ -791,5 +806,5 @@ GP_NO_SAN __attribute__((visibility("default"))) void *dlsym(void *handle, const
 		pthread_once(&nvml_once, nvml_load);
 	if (gp.cfg.disabled)
 		return r;
-	return (r == h->exported_real || r == h->wrapper) ? h->wrapper : r;
+	return (r == real_of((int)(h - hooks)) || r == h->wrapper) ? h->wrapper : r;
 }

@@ -3,18 +3,22 @@
  * Input: records of  <u32 length><bytes>  (little endian); each record is
  * a NUL-separated environ block. Output per record, one line:
  *   mem=<limit dev0>,<limit dev1> sm=<sm dev0>,<sm dev1> reserve=<n> period=<ms> log=<l> disabled=<d>
- * (limits print "none" when unlimited). Built with ASan/UBSan too.
+ * (limits print "none" when unlimited), preceded by the parser's log lines
+ * (stderr is merged into stdout so each record's logs come before its
+ * result). Built with ASan/UBSan too.
  */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../src/state.h"
 
 int main(void)
 {
 	uint32_t len;
+	dup2(1, 2);
 	while (fread(&len, 4, 1, stdin) == 1) {
 		char *buf = malloc((size_t)len + 2);
 		if (len && fread(buf, 1, len, stdin) != len)
