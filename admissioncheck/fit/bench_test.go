@@ -114,3 +114,29 @@ func BenchmarkClone(b *testing.B) {
 		_ = m.Clone()
 	}
 }
+
+// BenchmarkFitHard is a mixed gang in the zone where the aggregates pass but
+// no placement is found: the search runs to search.maxSteps (default), so
+// this is the worst-case latency of one domain.
+func BenchmarkFitHard(b *testing.B) {
+	rng := rand.New(rand.NewPCG(3, 3))
+	var ns []Node
+	for i := 0; i < 40; i++ {
+		n := Node{Name: fmt.Sprintf("n%02d", i), Ready: true}
+		for j := 0; j < 8; j++ {
+			n.GPUs = append(n.GPUs, GPU{UUID: fmt.Sprintf("n%02d-%d", i, j), PhysicalMiB: 81920, AllocatableMiB: 72228, Healthy: true})
+		}
+		ns = append(ns, n)
+	}
+	m := NewModel(ns)
+	for _, n := range ns {
+		for _, g := range n.GPUs {
+			_ = m.Use(Usage{UUID: g.UUID, MemoryMiB: int64(rng.IntN(40000))})
+		}
+	}
+	g := gang(shared("a", 170, 2, 30000), shared("b", 170, 1, 25000), shared("c", 170, 1, 9000))
+	if r := m.Fit(g, Options{}); r.Fits || !r.Exhausted {
+		b.Fatalf("not the hard case any more: fits=%v exhausted=%v", r.Fits, r.Exhausted)
+	}
+	benchFit(b, m, g, Options{})
+}

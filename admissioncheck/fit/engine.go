@@ -400,6 +400,7 @@ type scratch struct {
 	maxSteps int64
 
 	exhausted bool
+	loosest   bool // second dive: GPU classes loosest first
 	placed    int
 	maxPlaced int
 	stack     []placed
@@ -586,6 +587,7 @@ func (s *scratch) capacity(j int, limit int64) int64 {
 		if n.elig&(1<<r.bitIdx) == 0 || !s.mayHost(r, n) {
 			continue
 		}
+		s.steps++ // scans count against search.maxSteps like placements
 		total += podCap(s.nodeSlots(r, n, buf[:0]), r.g, limit-total)
 		if total >= limit {
 			break
@@ -616,7 +618,22 @@ func (s *scratch) run(maxSteps int64) (bool, DomainReport) {
 		rep.Constraint = s.constraint(failing)
 		return false, rep
 	}
-	if s.place(0, 0, 0) {
+	if ok, why, fit := s.jointOK(0, true); !ok {
+		rep.PodsFit, rep.Constraint = fit, why
+		return false, rep
+	}
+	// Two dives over the same complete search space, tightest GPUs first
+	// then loosest first, each with half the budget: a hard instance that
+	// defeats one order rarely defeats both. A dive that ends without
+	// running out of steps is a proof either way.
+	s.steps = 0
+	s.maxSteps = maxSteps / 2
+	ok := s.place(0, 0, 0)
+	if !ok && s.exhausted {
+		s.exhausted, s.loosest, s.maxSteps = false, true, maxSteps
+		ok = s.place(0, 0, 0)
+	}
+	if ok {
 		rep.PodsFit = rep.PodsWanted
 		return true, rep
 	}
@@ -651,6 +668,8 @@ func (s *scratch) capacityReport() DomainReport {
 	}
 	if failing >= 0 {
 		rep.Constraint = s.constraint(failing)
+	} else if ok, why, fit := s.jointOK(0, true); !ok {
+		rep.PodsFit, rep.Constraint = fit, why
 	}
 	return rep
 }
@@ -790,7 +809,11 @@ func (s *scratch) classes(r *req, n *snode) [][]int32 {
 	}
 	slices.SortStableFunc(classes, func(a, b []int32) int {
 		x, y := s.gpu(a[0]), s.gpu(b[0])
-		return cmp.Or(cmp.Compare(x.free(), y.free()), cmp.Compare(x.freeCores(), y.freeCores()), cmp.Compare(x.alloc, y.alloc), cmp.Compare(x.phys, y.phys))
+		c := cmp.Or(cmp.Compare(x.free(), y.free()), cmp.Compare(x.freeCores(), y.freeCores()), cmp.Compare(x.alloc, y.alloc), cmp.Compare(x.phys, y.phys))
+		if s.loosest {
+			return -c
+		}
+		return c
 	})
 	return classes
 }
@@ -839,37 +862,95 @@ func (s *scratch) signature(n *snode) string {
 	return string(b)
 }
 
-// boundOK: every remaining request still fits alone, and the exclusive ones
-// together do not need more whole GPUs than their nodes have.
+// boundOK: every remaining request still fits alone, and together they fit
+// the domain's whole GPUs and usable free memory (jointOK).
 func (s *scratch) boundOK(from int) bool {
-	var exclNeed int64
-	var exclMask uint64
 	for j := from; j < len(s.reqs); j++ {
 		r := s.reqs[j]
 		if int(s.capacity(j, int64(r.count))) < r.count {
 			return false
 		}
-		if r.excl {
+	}
+	ok, _, _ := s.jointOK(from, false)
+	return ok
+}
+
+// jointOK tests the requests from `from` on together, as necessary
+// conditions: exclusive ones need that many whole GPUs on their nodes;
+// shared ones (by MiB) need their total memory within the free memory of
+// GPUs that can take at least the smallest of them (smaller leftovers are
+// useless to all). When explain is set and a test fails it says which, and
+// estimates how many pods fit.
+func (s *scratch) jointOK(from int, explain bool) (bool, string, int) {
+	var exclNeed, fracNeed int64
+	var exclMask, fracMask uint64
+	minMem := int64(-1)
+	for j := from; j < len(s.reqs); j++ {
+		r := s.reqs[j]
+		switch {
+		case r.excl:
 			exclNeed += int64(r.count * r.g)
 			exclMask |= 1 << r.bitIdx
-		}
-	}
-	if exclNeed == 0 {
-		return true
-	}
-	var whole int64
-	for i := range s.nodes {
-		n := &s.nodes[i]
-		if n.elig&exclMask == 0 {
-			continue
-		}
-		for gi := n.lo; gi < n.hi; gi++ {
-			if g := s.gpu(gi); g.healthy && g.whole() {
-				whole++
+		case r.mem > 0:
+			fracNeed += int64(r.count*r.g) * r.mem
+			fracMask |= 1 << r.bitIdx
+			if minMem < 0 || r.mem < minMem {
+				minMem = r.mem
 			}
 		}
 	}
-	return whole >= exclNeed
+	if exclNeed == 0 && fracNeed == 0 {
+		return true, "", 0
+	}
+	var whole, usable int64
+	for i := range s.nodes {
+		n := &s.nodes[i]
+		if n.elig&(exclMask|fracMask) == 0 {
+			continue
+		}
+		s.steps++
+		for gi := n.lo; gi < n.hi; gi++ {
+			g := s.gpu(gi)
+			if !g.healthy {
+				continue
+			}
+			if n.elig&exclMask != 0 && g.whole() {
+				whole++
+			}
+			if n.elig&fracMask != 0 && minMem > 0 {
+				if f := g.free(); f >= minMem {
+					usable += f
+				}
+			}
+		}
+	}
+	if whole >= exclNeed && usable >= fracNeed {
+		return true, "", 0
+	}
+	if !explain {
+		return false, "", 0
+	}
+	// Estimate: requests in order, each while memory (or whole GPUs) last.
+	fit, leftMiB, leftWhole := 0, usable, whole
+	for j := from; j < len(s.reqs); j++ {
+		r := s.reqs[j]
+		var p int64
+		switch {
+		case r.excl:
+			p = min(int64(r.count), leftWhole/int64(r.g))
+			leftWhole -= p * int64(r.g)
+		case r.mem > 0:
+			p = min(int64(r.count), leftMiB/(int64(r.g)*r.mem))
+			leftMiB -= p * int64(r.g) * r.mem
+		default:
+			p = int64(r.count)
+		}
+		fit += int(p)
+	}
+	if whole < exclNeed {
+		return false, fmt.Sprintf("pod sets %s need %d whole GPUs together; %d are free", s.labels(), exclNeed, whole), fit
+	}
+	return false, fmt.Sprintf("pod sets %s need %d MiB of GPU memory together; only %d MiB is free on GPUs with at least %d MiB free", s.labels(), fracNeed, usable, minMem), fit
 }
 
 // greedy places every pod of reqs[j], known to fit by capacity: nodes in

@@ -200,6 +200,15 @@ func TestFitDecisions(t *testing.T) {
 			wantWhy: []string{"domain r1: 1 of 2 pods fit", "1 node has no rack label and is in no domain"},
 		},
 		{
+			name: "two pod sets fit alone but not together", nodes: []Node{mkNode("n", 2, gi80)},
+			gang: gang(shared("a", 2, 1, 40000), shared("b", 2, 1, 33000)),
+			wantWhy: []string{"cluster: 3 of 4 pods fit; binding constraint: pod sets a, b need 146000 MiB of GPU memory together; only 144456 MiB is free on GPUs with at least 33000 MiB free"},
+		},
+		{
+			name: "two pod sets that share GPUs exactly", nodes: []Node{mkNode("n", 2, gi80)},
+			gang: gang(shared("a", 2, 1, 40000), shared("b", 2, 1, 32228)), wantFits: true,
+		},
+		{
 			name: "invalid gang", nodes: eightGPUs, gang: gang(PodSet{Name: "w", Count: 1, GPUsPerPod: 0}),
 			wantWhy: []string{"invalid request: pod set \"w\": 0 GPUs per pod, want ≥ 1"},
 		},
