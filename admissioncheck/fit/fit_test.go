@@ -201,7 +201,7 @@ func TestFitDecisions(t *testing.T) {
 		},
 		{
 			name: "two pod sets fit alone but not together", nodes: []Node{mkNode("n", 2, gi80)},
-			gang: gang(shared("a", 2, 1, 40000), shared("b", 2, 1, 33000)),
+			gang:    gang(shared("a", 2, 1, 40000), shared("b", 2, 1, 33000)),
 			wantWhy: []string{"cluster: 3 of 4 pods fit; binding constraint: pod sets a, b need 146000 MiB of GPU memory together; only 144456 MiB is free on GPUs with at least 33000 MiB free"},
 		},
 		{
