@@ -1,0 +1,348 @@
+// Package agent wires gpupack-node together: NVML inventory publishing,
+// the device plugins, the hook installer and the bypass watcher. Each part
+// lives in its own package and is tested there; this package only runs
+// them, and offers Publish so other tests can run one inventory pass.
+package agent
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2"
+
+	v1alpha1 "github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
+	"github.com/gpupack/gpupack/devicehook/node/bypass"
+	"github.com/gpupack/gpupack/devicehook/node/deviceplugin"
+	"github.com/gpupack/gpupack/devicehook/node/installer"
+	"github.com/gpupack/gpupack/devicehook/node/inventory"
+	"github.com/gpupack/gpupack/devicehook/node/metrics"
+	"github.com/gpupack/gpupack/flavors"
+)
+
+// Options configure the agent (flags in Main).
+type Options struct {
+	NodeName    string
+	Buffer      flavors.Buffer
+	SlotsPerGPU int
+
+	// DevicePlugin serves gpupack.io/vgpu; WholeGPU also serves
+	// nvidia.com/gpu (one slot per GPU), replacing NVIDIA's plugin.
+	DevicePlugin bool
+	WholeGPU     bool
+	PluginDir    string
+
+	// HookSource is the library inside the agent image; "" skips installing.
+	HookSource   string
+	HookDir      string // host folder GPU containers mount
+	MountPreload bool
+	CacheDir     string // host root of per-pod accounting dirs
+	Version      string
+
+	ProcRoot        string
+	BypassPolicy    bypass.Policy
+	BypassInterval  time.Duration
+	AllowanceMiB    int64
+	PublishInterval time.Duration
+	NVMLRetry       time.Duration
+	MetricsAddr     string // "" disables the metrics endpoint
+
+	// Fabric reads fabric info; nil uses the versioned call (real NVML).
+	Fabric inventory.FabricReader
+}
+
+// DefaultOptions are the flag defaults.
+func DefaultOptions() Options {
+	return Options{
+		Buffer: flavors.DefaultBuffer(), SlotsPerGPU: 10,
+		DevicePlugin: true, PluginDir: "/var/lib/kubelet/device-plugins",
+		HookDir: v1alpha1.DefaultHookHostPath, CacheDir: v1alpha1.DefaultSharedCacheDir, Version: "dev",
+		ProcRoot: "/proc", BypassPolicy: bypass.PolicyWarn, BypassInterval: 5 * time.Second, AllowanceMiB: 512,
+		PublishInterval: 30 * time.Second, NVMLRetry: time.Minute, MetricsAddr: ":9400",
+	}
+}
+
+// Agent is one gpupack-node.
+type Agent struct {
+	opts     Options
+	lib      nvml.Interface
+	client   kubernetes.Interface
+	reg      *prometheus.Registry
+	Metrics  *metrics.Metrics
+	recorder record.EventRecorder
+	pub      *inventory.Publisher
+
+	mu      sync.Mutex
+	plugins []*deviceplugin.Plugin
+	pods    deviceplugin.PodLister
+}
+
+// New creates an agent. lib is nvml.New() in production and a go-nvml mock
+// in tests.
+func New(opts Options, lib nvml.Interface, client kubernetes.Interface) *Agent {
+	reg := prometheus.NewRegistry()
+	a := &Agent{opts: opts, lib: lib, client: client, reg: reg, Metrics: metrics.New(reg)}
+	a.pub = &inventory.Publisher{Client: client, NodeName: opts.NodeName, Buffer: opts.Buffer, SlotsPerGPU: opts.SlotsPerGPU}
+	return a
+}
+
+// Registry exposes the agent's metrics (tests read them).
+func (a *Agent) Registry() *prometheus.Registry { return a.reg }
+
+// Publish runs one inventory pass for nodeName against client: read NVML
+// through lib, merge with what the Node carries, patch what differs. This is
+// the function other parts' tests call to make a node publish its GPUs.
+func Publish(ctx context.Context, client kubernetes.Interface, lib nvml.Interface, nodeName string, buf flavors.Buffer, slotsPerGPU int) (inventory.Result, error) {
+	now, err := inventory.Read(lib, inventory.ReadOptions{})
+	if err != nil {
+		return inventory.Result{}, err
+	}
+	p := &inventory.Publisher{Client: client, NodeName: nodeName, Buffer: buf, SlotsPerGPU: slotsPerGPU}
+	return p.Publish(ctx, now)
+}
+
+// PublishOnce is one full pass of the agent: inventory, plugin device
+// lists, GPU metrics, and Events for health changes.
+func (a *Agent) PublishOnce(ctx context.Context) (inventory.Result, error) {
+	now, err := inventory.Read(a.lib, inventory.ReadOptions{Fabric: a.opts.Fabric})
+	if err != nil {
+		return inventory.Result{}, err
+	}
+	res, err := a.pub.Publish(ctx, now)
+	if err != nil {
+		return res, err
+	}
+	if res.PreviousMalformed != nil {
+		klog.ErrorS(res.PreviousMalformed, "replaced a malformed inventory annotation", "node", a.opts.NodeName)
+	}
+	if res.MetadataPatched {
+		a.Metrics.InventoryPublishes.WithLabelValues("metadata").Inc()
+	}
+	if res.StatusPatched {
+		a.Metrics.InventoryPublishes.WithLabelValues("status").Inc()
+	}
+	for _, tr := range res.Transitions {
+		reason, typ := "GPUUnhealthy", corev1.EventTypeWarning
+		if tr.To == v1alpha1.GPUHealthy {
+			reason, typ = "GPUHealthy", corev1.EventTypeNormal
+		}
+		klog.InfoS("GPU health changed", "node", a.opts.NodeName, "gpu", tr.UUID, "index", tr.Index, "from", tr.From, "to", tr.To, "reason", tr.Reason)
+		if a.recorder != nil {
+			a.recorder.Eventf(a.nodeRef(), typ, reason, "GPU %d (%s) is %s: %s", tr.Index, tr.UUID, tr.To, tr.Reason)
+		}
+	}
+	for _, g := range res.State.GPUs {
+		h := 0.0
+		if g.Healthy() {
+			h = 1
+		}
+		a.Metrics.GPUHealthy.WithLabelValues(g.UUID, strconv.Itoa(g.Index)).Set(h)
+		a.Metrics.GPUAllocatableMiB.WithLabelValues(g.UUID).Set(float64(a.opts.Buffer.Allocatable(g.MemoryMiB)))
+	}
+	for _, g := range now {
+		a.Metrics.NVLinkActiveLinks.WithLabelValues(g.UUID).Set(float64(g.ActiveLinks))
+	}
+	a.mu.Lock()
+	for _, p := range a.plugins {
+		p.SetGPUs(res.State.GPUs)
+	}
+	a.mu.Unlock()
+	return res, nil
+}
+
+func (a *Agent) nodeRef() *corev1.ObjectReference {
+	return &corev1.ObjectReference{Kind: "Node", Name: a.opts.NodeName, UID: types.UID(a.opts.NodeName)}
+}
+
+// Run runs every part until ctx ends.
+func (a *Agent) Run(ctx context.Context) error {
+	if a.opts.NodeName == "" {
+		return errors.New("gpupack-node: node name is empty (set --node-name or NODE_NAME from the downward API)")
+	}
+	bc := record.NewBroadcaster(record.WithContext(ctx))
+	bc.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: a.client.CoreV1().Events("")})
+	defer bc.Shutdown()
+	a.recorder = bc.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "gpupack-node", Host: a.opts.NodeName})
+
+	if a.opts.MetricsAddr != "" {
+		srv := &http.Server{Addr: a.opts.MetricsAddr, Handler: promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 10 * time.Second}
+		go func() {
+			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				klog.ErrorS(err, "metrics server stopped")
+			}
+		}()
+		defer srv.Close()
+	}
+	if !a.waitForNVML(ctx) {
+		return nil
+	}
+	defer a.lib.Shutdown()
+
+	if a.opts.HookSource != "" {
+		res, err := installer.Install(a.opts.HookSource, a.opts.HookDir, a.opts.Version)
+		if err != nil {
+			klog.ErrorS(err, "hook library not installed; GPU containers will run without the hook")
+			a.recorder.Eventf(a.nodeRef(), corev1.EventTypeWarning, "HookInstallFailed", "%v", err)
+		} else {
+			klog.InfoS("hook library installed", "dir", a.opts.HookDir, "stamp", res.Stamp, "changed", res.Changed)
+		}
+	}
+
+	// Pods on this node (device plugin matching, bypass, accounting GC).
+	pf := informers.NewSharedInformerFactoryWithOptions(a.client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", a.opts.NodeName).String()
+	}))
+	podLister := pf.Core().V1().Pods().Lister()
+	a.pods = deviceplugin.PodListerFunc(func() ([]*corev1.Pod, error) { return podLister.List(labels.Everything()) })
+	// This node alone, to republish as soon as the kubelet resets capacity.
+	nf := informers.NewSharedInformerFactoryWithOptions(a.client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", a.opts.NodeName).String()
+	}))
+	trigger := make(chan struct{}, 1)
+	kick := func() {
+		select {
+		case trigger <- struct{}{}:
+		default:
+		}
+	}
+	_, _ = nf.Core().V1().Nodes().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		UpdateFunc: func(_, _ any) { kick() },
+	})
+	pf.Start(ctx.Done())
+	nf.Start(ctx.Done())
+	pf.WaitForCacheSync(ctx.Done())
+	nf.WaitForCacheSync(ctx.Done())
+
+	var wg sync.WaitGroup
+	if a.opts.DevicePlugin {
+		a.startPlugins(ctx, &wg)
+	}
+	if _, err := a.PublishOnce(ctx); err != nil {
+		klog.ErrorS(err, "first inventory publish failed")
+	}
+	w := bypass.New(bypass.Config{
+		NodeName: a.opts.NodeName, NVML: a.lib, Resolver: bypass.ProcResolver{Root: a.opts.ProcRoot},
+		Pods: a.pods, Client: a.client, Recorder: a.recorder, Policy: a.opts.BypassPolicy,
+		AllowanceMiB: a.opts.AllowanceMiB, CacheDir: a.opts.CacheDir, Metrics: a.Metrics, Interval: a.opts.BypassInterval,
+	})
+	wg.Add(1)
+	go func() { defer wg.Done(); w.Run(ctx) }()
+
+	t := time.NewTicker(a.opts.PublishInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			wg.Wait()
+			return nil
+		case <-t.C:
+			a.gcAccounting()
+		case <-trigger:
+		}
+		if _, err := a.PublishOnce(ctx); err != nil {
+			klog.ErrorS(err, "inventory publish failed")
+		}
+	}
+}
+
+// waitForNVML initialises NVML, retrying while the driver is absent. It
+// returns false when ctx ended first. A node without libnvidia-ml says so
+// (log, metric, node Event) and publishes nothing.
+func (a *Agent) waitForNVML(ctx context.Context) bool {
+	announced := false
+	for {
+		err := inventory.Init(a.lib)
+		if err == nil {
+			a.Metrics.NVMLAvailable.Set(1)
+			return true
+		}
+		a.Metrics.NVMLAvailable.Set(0)
+		if !announced {
+			klog.ErrorS(err, "NVML unavailable; publishing nothing for this node until it loads", "node", a.opts.NodeName, "retry", a.opts.NVMLRetry)
+			a.recorder.Eventf(a.nodeRef(), corev1.EventTypeWarning, "NVMLUnavailable", "gpupack-node: %v", err)
+			announced = true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(a.opts.NVMLRetry):
+		}
+	}
+}
+
+func (a *Agent) startPlugins(ctx context.Context, wg *sync.WaitGroup) {
+	cfgs := []deviceplugin.Config{{
+		ResourceName: v1alpha1.ResourceVGPU, SlotsPerGPU: a.opts.SlotsPerGPU, SocketName: "gpupack-vgpu.sock",
+		MemoryLimits: true, Unplanned: deviceplugin.UnplannedReject,
+	}}
+	if a.opts.WholeGPU {
+		cfgs = append(cfgs, deviceplugin.Config{
+			ResourceName: v1alpha1.ResourceNvidiaGPU, SlotsPerGPU: 1, SocketName: "gpupack-gpu.sock",
+			Unplanned: deviceplugin.UnplannedFreeGPUs,
+		})
+	}
+	for _, c := range cfgs {
+		c.NodeName, c.PluginDir, c.Pods, c.Metrics = a.opts.NodeName, a.opts.PluginDir, a.pods, a.Metrics
+		c.HookDir, c.MountPreload, c.CacheHostDir = a.opts.HookDir, a.opts.MountPreload, a.opts.CacheDir
+		p := deviceplugin.New(c)
+		a.mu.Lock()
+		a.plugins = append(a.plugins, p)
+		a.mu.Unlock()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := p.Run(ctx); err != nil {
+				klog.ErrorS(err, "device plugin stopped", "resource", c.ResourceName)
+			}
+		}()
+	}
+}
+
+// gcAccounting removes accounting dirs of pods no longer on this node, an
+// hour after their last write (a pod's processes may still be exiting).
+func (a *Agent) gcAccounting() {
+	if a.opts.CacheDir == "" || a.pods == nil {
+		return
+	}
+	pods, err := a.pods.List()
+	if err != nil {
+		return
+	}
+	live := map[string]bool{}
+	for _, p := range pods {
+		live[string(p.UID)] = true
+	}
+	ents, err := os.ReadDir(a.opts.CacheDir)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if !e.IsDir() || live[e.Name()] {
+			continue
+		}
+		if fi, err := e.Info(); err == nil && time.Since(fi.ModTime()) > time.Hour {
+			if err := os.RemoveAll(filepath.Join(a.opts.CacheDir, e.Name())); err != nil {
+				klog.ErrorS(err, "accounting dir GC")
+			}
+		}
+	}
+}

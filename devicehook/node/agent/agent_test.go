@@ -1,0 +1,90 @@
+package agent
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/gpupack/gpupack/devicehook/node/bypass"
+	"github.com/gpupack/gpupack/devicehook/node/metrics"
+	"github.com/gpupack/gpupack/flavors"
+)
+
+func TestParseFlags(t *testing.T) {
+	cases := []struct {
+		name    string
+		args    []string
+		wantErr string
+		check   func(o Options) bool
+	}{
+		{"defaults", []string{"--node-name=n1"}, "", func(o Options) bool {
+			return o.NodeName == "n1" && o.SlotsPerGPU == 10 && o.Buffer == flavors.DefaultBuffer() && o.BypassPolicy == bypass.PolicyWarn
+		}},
+		{"evict and buffer", []string{"--node-name=n1", "--bypass-policy=evict", "--buffer-percent=5", "--driver-overhead-mib=1000"}, "", func(o Options) bool {
+			return o.BypassPolicy == bypass.PolicyEvict && o.Buffer == flavors.Buffer{DriverOverheadMiB: 1000, BufferPercent: 5}
+		}},
+		{"bad policy", []string{"--node-name=n1", "--bypass-policy=kill"}, `--bypass-policy="kill": want warn or evict`, nil},
+		{"no slots", []string{"--node-name=n1", "--slots-per-gpu=0"}, "want at least 1", nil},
+		{"no node", []string{"--node-name="}, "--node-name is empty", nil},
+	}
+	for _, tc := range cases {
+		o, _, err := ParseFlags(tc.args)
+		if tc.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("%s: err = %v, want %q", tc.name, err, tc.wantErr)
+			}
+			continue
+		}
+		if err != nil || !tc.check(o) {
+			t.Errorf("%s: %+v, %v", tc.name, o, err)
+		}
+	}
+}
+
+// TestRunWithoutNVML: a node without libnvidia-ml says so (metric, Event)
+// and publishes nothing.
+func TestRunWithoutNVML(t *testing.T) {
+	cs := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
+	lib := &mock.Interface{InitFunc: func() nvml.Return { return nvml.ERROR_LIBRARY_NOT_FOUND }}
+	o := DefaultOptions()
+	o.NodeName, o.MetricsAddr, o.NVMLRetry = "n1", "", 10*time.Millisecond
+	a := New(o, lib, cs)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+
+	deadline := time.Now().Add(10 * time.Second)
+	var ev *corev1.Event
+	for ev == nil && time.Now().Before(deadline) {
+		evs, _ := cs.CoreV1().Events("").List(ctx, metav1.ListOptions{})
+		for i := range evs.Items {
+			if evs.Items[i].Reason == "NVMLUnavailable" {
+				ev = &evs.Items[i]
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if ev == nil || !strings.Contains(ev.Message, "libnvidia-ml.so.1 not found") || ev.InvolvedObject.Name != "n1" {
+		t.Fatalf("event = %+v, want NVMLUnavailable on node n1 naming the library", ev)
+	}
+	for _, act := range cs.Actions() {
+		if _, ok := act.(k8stesting.PatchAction); ok && act.GetResource().Resource == "nodes" {
+			t.Errorf("published without NVML: %v", act)
+		}
+	}
+	if v, err := metrics.Value(a.Registry(), "gpupack_node_nvml_available", map[string]string{}); err != nil || v != 0 {
+		t.Errorf("nvml_available = %v, %v; want 0", v, err)
+	}
+}

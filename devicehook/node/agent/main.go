@@ -1,0 +1,94 @@
+package agent
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+
+	"github.com/gpupack/gpupack/devicehook/node/bypass"
+	"github.com/gpupack/gpupack/devicehook/node/inventory"
+	"github.com/gpupack/gpupack/flavors"
+)
+
+// ParseFlags turns command-line arguments into Options and a kubeconfig
+// path ("" = in-cluster).
+func ParseFlags(args []string) (Options, string, error) {
+	o := DefaultOptions()
+	fs := flag.NewFlagSet("gpupack-node", flag.ContinueOnError)
+	klog.InitFlags(fs)
+	var kubeconfig, policy string
+	overhead, percent := int64(o.Buffer.DriverOverheadMiB), int(o.Buffer.BufferPercent)
+	fs.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file; empty means in-cluster")
+	fs.StringVar(&o.NodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
+	fs.IntVar(&o.SlotsPerGPU, "slots-per-gpu", o.SlotsPerGPU, "gpupack.io/vgpu slots advertised per GPU (pods that may share one GPU)")
+	fs.Int64Var(&overhead, "driver-overhead-mib", overhead, "per-GPU driver overhead kept out of allocatable (MiB)")
+	fs.IntVar(&percent, "buffer-percent", percent, "per-GPU safety buffer kept out of allocatable (percent of physical)")
+	fs.BoolVar(&o.DevicePlugin, "device-plugin", o.DevicePlugin, "serve the gpupack.io/vgpu device plugin")
+	fs.BoolVar(&o.WholeGPU, "whole-gpu-resource", o.WholeGPU, "also serve nvidia.com/gpu (replaces the NVIDIA device plugin on this node)")
+	fs.StringVar(&o.PluginDir, "device-plugin-dir", o.PluginDir, "kubelet device-plugin socket folder")
+	fs.StringVar(&o.HookSource, "hook-source", o.HookSource, "libgpupack-hook.so inside this image to install; empty skips installing")
+	fs.StringVar(&o.HookDir, "hook-dir", o.HookDir, "host folder the hook is installed into and mounted from")
+	fs.BoolVar(&o.MountPreload, "mount-ld-so-preload", o.MountPreload, "mount <hook-dir>/ld.so.preload at /etc/ld.so.preload in GPU containers")
+	fs.StringVar(&o.CacheDir, "accounting-dir", o.CacheDir, "host root of per-pod accounting folders")
+	fs.StringVar(&o.Version, "version-stamp", o.Version, "version written next to the installed hook")
+	fs.StringVar(&o.ProcRoot, "proc-root", o.ProcRoot, "the host's /proc (run with hostPID, or mount it)")
+	fs.StringVar(&policy, "bypass-policy", string(o.BypassPolicy), "what a GPU memory bypass costs the pod: warn (Event + metric) or evict")
+	fs.DurationVar(&o.BypassInterval, "bypass-interval", o.BypassInterval, "how often GPU processes are checked")
+	fs.Int64Var(&o.AllowanceMiB, "bypass-allowance-mib", o.AllowanceMiB, "per-process CUDA context memory tolerated above a pod's plan")
+	fs.DurationVar(&o.PublishInterval, "publish-interval", o.PublishInterval, "how often the inventory is re-checked (it is written only on change)")
+	fs.StringVar(&o.MetricsAddr, "metrics-bind-address", o.MetricsAddr, "Prometheus metrics address; empty disables")
+	if err := fs.Parse(args); err != nil {
+		return o, "", err
+	}
+	o.Buffer = flavors.NewBuffer(&overhead, ptr(int32(percent)))
+	switch bypass.Policy(policy) {
+	case bypass.PolicyWarn, bypass.PolicyEvict:
+		o.BypassPolicy = bypass.Policy(policy)
+	default:
+		return o, "", fmt.Errorf("--bypass-policy=%q: want warn or evict", policy)
+	}
+	if o.SlotsPerGPU < 1 {
+		return o, "", fmt.Errorf("--slots-per-gpu=%d: want at least 1", o.SlotsPerGPU)
+	}
+	if o.NodeName == "" {
+		return o, "", fmt.Errorf("--node-name is empty and $NODE_NAME is not set")
+	}
+	return o, kubeconfig, nil
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// Main runs gpupack-node with the real NVML library; it returns the exit code.
+func Main(args []string) int {
+	o, kubeconfig, err := ParseFlags(args)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "gpupack-node: kube config: %v\n", err)
+		return 1
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "gpupack-node: client: %v\n", err)
+		return 1
+	}
+	o.Fabric = inventory.FabricVersioned
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := New(o, nvml.New(), client).Run(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
+}
