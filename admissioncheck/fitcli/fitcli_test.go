@@ -255,3 +255,24 @@ func slicesContain(ss []string, s string) bool {
 	}
 	return false
 }
+
+func TestJobCountIsParallelismCappedByCompletions(t *testing.T) {
+	wl := write(t, "wl.yaml", `apiVersion: batch/v1
+kind: Job
+metadata: {name: few}
+spec:
+  parallelism: 4
+  completions: 2
+  template:
+    spec:
+      containers:
+      - name: m
+        image: x
+        resources: {limits: {nvidia.com/gpu: 1}}
+`)
+	o := runJSON(t, "--nodes", "testdata/nodes.yaml", "--workload", wl)
+	if !o.Fits {
+		t.Fatalf("reasons %q", o.Reasons)
+	}
+	checkPlan(t, o, map[string]int{"main": 2})
+}

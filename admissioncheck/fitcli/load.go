@@ -139,7 +139,7 @@ type workload struct {
 // loadWorkload reads a Kueue Workload, a PyTorchJob or a batch Job and turns
 // jobs into pod sets as Kueue's integrations do: a PyTorchJob has one pod set
 // per replica type (lowercase name, count = replicas), a Job one pod set
-// "main" of parallelism pods. A raw job's request annotations are merged
+// "main" of min(parallelism, completions) pods. A raw job's request annotations are merged
 // into each template (the template's own win), as the webhook reads them.
 func loadWorkload(path string) (*workload, error) {
 	docs, err := documents(path)
@@ -203,9 +203,13 @@ func loadWorkload(path string) (*workload, error) {
 		if err := yaml.Unmarshal(doc, &j); err != nil {
 			return nil, fmt.Errorf("%s: %v", path, err)
 		}
+		// As Kueue counts a Job: parallelism, but no more than completions.
 		count := int32(1)
 		if j.Spec.Parallelism != nil {
 			count = *j.Spec.Parallelism
+		}
+		if j.Spec.Completions != nil && *j.Spec.Completions < count {
+			count = *j.Spec.Completions
 		}
 		return &workload{kind: "Job", name: j.Name, annotations: j.Annotations, podSets: []kueue.PodSet{
 			{Name: kueue.DefaultPodSetName, Count: count, Template: withJobAnnotations(j.Spec.Template, j.Annotations)},
