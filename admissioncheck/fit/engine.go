@@ -899,8 +899,8 @@ func (s *scratch) jointOK(from int, explain bool) (bool, string, int) {
 			}
 		}
 	}
-	if exclNeed == 0 && fracNeed == 0 {
-		return true, "", 0
+	if (exclNeed == 0 && fracNeed == 0) || len(s.reqs)-from < 2 {
+		return true, "", 0 // one request alone is decided exactly by capacity
 	}
 	var whole, usable int64
 	for i := range s.nodes {
@@ -922,6 +922,9 @@ func (s *scratch) jointOK(from int, explain bool) (bool, string, int) {
 					usable += f
 				}
 			}
+		}
+		if whole >= exclNeed && usable >= fracNeed {
+			return true, "", 0
 		}
 	}
 	if whole >= exclNeed && usable >= fracNeed {
