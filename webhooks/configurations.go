@@ -1,0 +1,187 @@
+package webhooks
+
+import (
+	"fmt"
+	"strings"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
+	"github.com/gpupack/gpupack/webhooks/gpureq"
+)
+
+// ServeOptions name the Service that fronts the manager's webhook server.
+type ServeOptions struct {
+	// Namespace gpupack runs in; excluded from the webhooks, like kube-system.
+	Namespace string
+	// ServiceName of the webhook Service (port 443 → the manager's 9443).
+	ServiceName string
+	// MutatingName and ValidatingName of the configurations.
+	MutatingName, ValidatingName string
+	// ExcludedNamespaces besides kube-system and Namespace.
+	ExcludedNamespaces []string
+	// CertManagerCertificate, when set ("ns/name"), asks cert-manager's CA
+	// injector to fill caBundle instead of the built-in rotator.
+	CertManagerCertificate string
+	// TimeoutSeconds per call (default 10).
+	TimeoutSeconds int32
+}
+
+// DefaultServeOptions match manifests/: namespace gpupack-system.
+func DefaultServeOptions() ServeOptions {
+	return ServeOptions{
+		Namespace:      "gpupack-system",
+		ServiceName:    "gpupack-webhook-service",
+		MutatingName:   "gpupack-mutating-webhook-configuration",
+		ValidatingName: "gpupack-validating-webhook-configuration",
+		TimeoutSeconds: 10,
+	}
+}
+
+// CEL building blocks. Objects reach matchConditions untyped, so every step
+// is guarded with has().
+var gpuResources = []string{v1alpha1.ResourceNvidiaGPU, v1alpha1.ResourceVGPU, v1alpha1.ResourceGPUMemory, v1alpha1.ResourceGPUCores,
+	v1alpha1.AnnotationHAMiGPUMem, v1alpha1.AnnotationHAMiGPUMemPercentage, v1alpha1.AnnotationHAMiGPUCores}
+
+// matchAnnotations are the annotations that make an object gpupack's business
+// even without a GPU resource (to deny a memory request without a GPU, to
+// wrap a checkpointing job, to gate a planned pod).
+func matchAnnotations() []string {
+	keys := append([]string(nil), gpureq.RequestKeys...)
+	return append(keys, v1alpha1.AnnotationCheckpoint, v1alpha1.AnnotationPlan)
+}
+
+func celList(xs []string) string {
+	q := make([]string, len(xs))
+	for i, x := range xs {
+		q[i] = "'" + x + "'"
+	}
+	return "[" + strings.Join(q, ", ") + "]"
+}
+
+// containersAskGPU is true when a container list (a CEL expression) asks for GPUs.
+func containersAskGPU(containers string) string {
+	r := celList(gpuResources)
+	return fmt.Sprintf("%s.exists(c, has(c.resources) && ((has(c.resources.limits) && %s.exists(r, r in c.resources.limits)) || (has(c.resources.requests) && %s.exists(r, r in c.resources.requests))))", containers, r, r)
+}
+
+func annotated(meta string) string {
+	return fmt.Sprintf("(has(%s.annotations) && %s.exists(k, k in %s.annotations))", meta, celList(matchAnnotations()), meta)
+}
+
+// templateIsGPU: a pod template (CEL expression of a PodTemplateSpec) asks for GPUs.
+func templateIsGPU(t string) string {
+	return fmt.Sprintf("(has(%[1]s.spec) && has(%[1]s.spec.containers) && %[2]s) || (has(%[1]s.metadata) && %[3]s)", t, containersAskGPU(t+".spec.containers"), annotated(t+".metadata"))
+}
+
+// isGPU returns the CEL condition for one object variable ("object" or "oldObject").
+func isGPU(kind, v string) string {
+	switch kind {
+	case "Pod":
+		return fmt.Sprintf("(has(%[1]s.spec) && %[2]s) || %[3]s", v, containersAskGPU(v+".spec.containers"), annotated(v+".metadata"))
+	case "Job":
+		return fmt.Sprintf("%[2]s || (has(%[1]s.spec) && has(%[1]s.spec.template) && (%[3]s))", v, annotated(v+".metadata"), templateIsGPU(v+".spec.template"))
+	case "PyTorchJob":
+		rs := v + ".spec.pytorchReplicaSpecs"
+		return fmt.Sprintf("%[2]s || (has(%[1]s.spec) && has(%[3]s) && %[3]s.exists(k, has(%[3]s[k].template) && (%[4]s)))", v, annotated(v+".metadata"), rs, templateIsGPU(rs+"[k].template"))
+	}
+	panic("unknown kind " + kind)
+}
+
+// MatchConditions select the objects that ask for GPUs. Only those are sent
+// to gpupack, so a down webhook (failurePolicy Fail) never blocks anything
+// else. Validating conditions also look at the old object, so removing the
+// annotations of a running job is still seen.
+func MatchConditions(kind string, validating bool) []admissionregistrationv1.MatchCondition {
+	expr := fmt.Sprintf("object != null && (%s)", isGPU(kind, "object"))
+	if validating {
+		expr = fmt.Sprintf("(%s) || (oldObject != null && (%s))", expr, isGPU(kind, "oldObject"))
+	}
+	return []admissionregistrationv1.MatchCondition{{Name: "asks-for-gpus", Expression: expr}}
+}
+
+type target struct {
+	kind, group, version, resource string
+	mutate, validate               string
+}
+
+var targets = []target{
+	{"Pod", "", "v1", "pods", PathMutatePod, PathValidatePod},
+	{"Job", "batch", "v1", "jobs", PathMutateJob, PathValidateJob},
+	{"PyTorchJob", "kubeflow.org", "v1", "pytorchjobs", PathMutatePyTorchJob, PathValidatePyTorchJb},
+}
+
+// WebhookConfigurations returns the mutating and validating configurations.
+// caBundle is empty: the rotator (SetupCerts) or cert-manager fills it.
+func WebhookConfigurations(o ServeOptions) (*admissionregistrationv1.MutatingWebhookConfiguration, *admissionregistrationv1.ValidatingWebhookConfiguration) {
+	fail := admissionregistrationv1.Fail
+	none := admissionregistrationv1.SideEffectClassNone
+	ifNeeded := admissionregistrationv1.IfNeededReinvocationPolicy
+	scope := admissionregistrationv1.NamespacedScope
+	timeout := o.TimeoutSeconds
+	if timeout == 0 {
+		timeout = 10
+	}
+	excluded := append([]string{"kube-system", o.Namespace}, o.ExcludedNamespaces...)
+	nsSel := &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
+		Key: "kubernetes.io/metadata.name", Operator: metav1.LabelSelectorOpNotIn, Values: excluded,
+	}}}
+	client := func(path string) admissionregistrationv1.WebhookClientConfig {
+		p := path
+		return admissionregistrationv1.WebhookClientConfig{Service: &admissionregistrationv1.ServiceReference{Namespace: o.Namespace, Name: o.ServiceName, Path: &p}}
+	}
+	rule := func(t target, ops ...admissionregistrationv1.OperationType) []admissionregistrationv1.RuleWithOperations {
+		return []admissionregistrationv1.RuleWithOperations{{
+			Operations: ops,
+			Rule:       admissionregistrationv1.Rule{APIGroups: []string{t.group}, APIVersions: []string{t.version}, Resources: []string{t.resource}, Scope: &scope},
+		}}
+	}
+	meta := func(name string) metav1.ObjectMeta {
+		m := metav1.ObjectMeta{Name: name, Labels: map[string]string{"app.kubernetes.io/part-of": "gpupack"}}
+		if o.CertManagerCertificate != "" {
+			m.Annotations = map[string]string{"cert-manager.io/inject-ca-from": o.CertManagerCertificate}
+		}
+		return m
+	}
+	mwc := &admissionregistrationv1.MutatingWebhookConfiguration{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "MutatingWebhookConfiguration"},
+		ObjectMeta: meta(o.MutatingName),
+	}
+	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "ValidatingWebhookConfiguration"},
+		ObjectMeta: meta(o.ValidatingName),
+	}
+	for _, t := range targets {
+		lower := strings.ToLower(t.kind)
+		var reinvoke *admissionregistrationv1.ReinvocationPolicyType
+		if t.kind == "Pod" {
+			// Another webhook may add containers or env after us.
+			reinvoke = &ifNeeded
+		}
+		mwc.Webhooks = append(mwc.Webhooks, admissionregistrationv1.MutatingWebhook{
+			Name:                    "m" + lower + ".gpupack.io",
+			ClientConfig:            client(t.mutate),
+			Rules:                   rule(t, admissionregistrationv1.Create),
+			FailurePolicy:           &fail,
+			SideEffects:             &none,
+			AdmissionReviewVersions: []string{"v1"},
+			TimeoutSeconds:          &timeout,
+			NamespaceSelector:       nsSel,
+			MatchConditions:         MatchConditions(t.kind, false),
+			ReinvocationPolicy:      reinvoke,
+		})
+		vwc.Webhooks = append(vwc.Webhooks, admissionregistrationv1.ValidatingWebhook{
+			Name:                    "v" + lower + ".gpupack.io",
+			ClientConfig:            client(t.validate),
+			Rules:                   rule(t, admissionregistrationv1.Create, admissionregistrationv1.Update),
+			FailurePolicy:           &fail,
+			SideEffects:             &none,
+			AdmissionReviewVersions: []string{"v1"},
+			TimeoutSeconds:          &timeout,
+			NamespaceSelector:       nsSel,
+			MatchConditions:         MatchConditions(t.kind, true),
+		})
+	}
+	return mwc, vwc
+}

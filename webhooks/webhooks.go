@@ -1,0 +1,242 @@
+// Package webhooks serves gpupack's fractional-GPU admission webhooks: thin
+// controller-runtime handlers around webhooks/mutation, the webhook
+// configurations (failurePolicy Fail only for objects that ask for GPUs),
+// and in-cluster certificates. The placement ungater is webhooks/placement.
+package webhooks
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	kftraining "github.com/kubeflow/training-operator/pkg/apis/kubeflow.org/v1"
+
+	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
+	"github.com/gpupack/gpupack/webhooks/mutation"
+)
+
+// Config is the webhook configuration (YAML: see docs/webhooks.md).
+type Config = mutation.Config
+
+// LoadConfig reads a configuration file; "" gives the defaults.
+func LoadConfig(path string) (Config, error) { return mutation.LoadConfig(path) }
+
+// Paths the handlers are served at.
+const (
+	PathMutatePod         = "/mutate-v1-pod"
+	PathValidatePod       = "/validate-v1-pod"
+	PathMutateJob         = "/mutate-batch-v1-job"
+	PathValidateJob       = "/validate-batch-v1-job"
+	PathMutatePyTorchJob  = "/mutate-kubeflow-org-v1-pytorchjob"
+	PathValidatePyTorchJb = "/validate-kubeflow-org-v1-pytorchjob"
+)
+
+// Setup registers the six handlers on mgr's webhook server.
+func Setup(mgr ctrl.Manager, cfg Config) error {
+	m, err := mutation.New(cfg)
+	if err != nil {
+		return err
+	}
+	for path, h := range Handlers(m, mgr.GetClient()) {
+		mgr.GetWebhookServer().Register(path, &webhook.Admission{Handler: h})
+	}
+	return nil
+}
+
+// Handlers returns the handlers by path. owners reads the owning Job or
+// PyTorchJob of a pod (for GPUPACK_RESUME_STEP); nil skips that.
+func Handlers(m *mutation.Mutator, owners client.Reader) map[string]admission.Handler {
+	return map[string]admission.Handler{
+		PathMutatePod:         &podMutator{m: m, owners: owners},
+		PathValidatePod:       &podValidator{m: m},
+		PathMutateJob:         &jobMutator{m: m},
+		PathValidateJob:       &jobValidator{m: m},
+		PathMutatePyTorchJob:  &ptMutator{m: m},
+		PathValidatePyTorchJb: &ptValidator{m: m},
+	}
+}
+
+// decode reads raw JSON; a plain json.Unmarshal is all typed objects need
+// and is the cheapest path.
+func decode(raw []byte, into any) error { return json.Unmarshal(raw, into) }
+
+func patched(req admission.Request, obj any, warn []string) admission.Response {
+	b, err := json.Marshal(obj)
+	if err != nil {
+		return admission.Errored(http.StatusInternalServerError, err)
+	}
+	resp := admission.PatchResponseFromRaw(req.Object.Raw, b)
+	resp.Warnings = warn
+	return resp
+}
+
+func denied(err error, warn []string) admission.Response {
+	resp := admission.Denied(err.Error())
+	resp.Warnings = warn
+	return resp
+}
+
+type podMutator struct {
+	m      *mutation.Mutator
+	owners client.Reader
+}
+
+func (h *podMutator) Handle(ctx context.Context, req admission.Request) admission.Response {
+	if req.Operation != admissionv1.Create {
+		return admission.Allowed("")
+	}
+	pod := &corev1.Pod{}
+	if err := decode(req.Object.Raw, pod); err != nil {
+		return admission.Errored(http.StatusBadRequest, err)
+	}
+	if pod.Namespace == "" {
+		pod.Namespace = req.Namespace
+	}
+	warn, err := h.m.Pod(pod, mutation.PodContext{ResumeStep: h.resumeStep(ctx, pod)})
+	if err != nil {
+		return denied(err, warn)
+	}
+	return patched(req, pod, warn)
+}
+
+// resumeStep reads gpupack.io/last-consistent-checkpoint from the pod's
+// controlling Job or PyTorchJob (metadata only, from the cache). Any error
+// means "no step": resuming from scratch is safe, a denial is not.
+func (h *podMutator) resumeStep(ctx context.Context, pod *corev1.Pod) string {
+	if h.owners == nil {
+		return ""
+	}
+	ref := metav1.GetControllerOf(pod)
+	if ref == nil {
+		return ""
+	}
+	meta := &metav1.PartialObjectMetadata{}
+	switch {
+	case ref.Kind == "Job" && ref.APIVersion == "batch/v1":
+		meta.SetGroupVersionKind(batchv1.SchemeGroupVersion.WithKind("Job"))
+	case ref.Kind == kftraining.PyTorchJobKind && ref.APIVersion == kftraining.GroupVersion.String():
+		meta.SetGroupVersionKind(kftraining.GroupVersion.WithKind(kftraining.PyTorchJobKind))
+	default:
+		return ""
+	}
+	if err := h.owners.Get(ctx, types.NamespacedName{Namespace: pod.Namespace, Name: ref.Name}, meta); err != nil {
+		return ""
+	}
+	return meta.Annotations[v1alpha1.AnnotationLastConsistentCheckpoint]
+}
+
+type podValidator struct{ m *mutation.Mutator }
+
+func (h *podValidator) Handle(_ context.Context, req admission.Request) admission.Response {
+	pod := &corev1.Pod{}
+	if err := decode(req.Object.Raw, pod); err != nil {
+		return admission.Errored(http.StatusBadRequest, err)
+	}
+	switch req.Operation {
+	case admissionv1.Create:
+		if err := h.m.ValidatePod(pod); err != nil {
+			return admission.Denied(err.Error())
+		}
+	case admissionv1.Update:
+		old := &corev1.Pod{}
+		if err := decode(req.OldObject.Raw, old); err != nil {
+			return admission.Errored(http.StatusBadRequest, err)
+		}
+		if err := h.m.ValidatePodUpdate(old, pod); err != nil {
+			return admission.Denied(err.Error())
+		}
+	}
+	return admission.Allowed("")
+}
+
+type jobMutator struct{ m *mutation.Mutator }
+
+func (h *jobMutator) Handle(_ context.Context, req admission.Request) admission.Response {
+	if req.Operation != admissionv1.Create {
+		return admission.Allowed("")
+	}
+	j := &batchv1.Job{}
+	if err := decode(req.Object.Raw, j); err != nil {
+		return admission.Errored(http.StatusBadRequest, err)
+	}
+	warn, err := h.m.Job(j)
+	if err != nil {
+		return denied(err, warn)
+	}
+	return patched(req, j, warn)
+}
+
+type jobValidator struct{ m *mutation.Mutator }
+
+func (h *jobValidator) Handle(_ context.Context, req admission.Request) admission.Response {
+	j := &batchv1.Job{}
+	if err := decode(req.Object.Raw, j); err != nil {
+		return admission.Errored(http.StatusBadRequest, err)
+	}
+	var err error
+	switch req.Operation {
+	case admissionv1.Create:
+		err = h.m.ValidateJob(j)
+	case admissionv1.Update:
+		old := &batchv1.Job{}
+		if derr := decode(req.OldObject.Raw, old); derr != nil {
+			return admission.Errored(http.StatusBadRequest, derr)
+		}
+		err = h.m.ValidateJobUpdate(old, j)
+	}
+	if err != nil {
+		return admission.Denied(err.Error())
+	}
+	return admission.Allowed("")
+}
+
+type ptMutator struct{ m *mutation.Mutator }
+
+func (h *ptMutator) Handle(_ context.Context, req admission.Request) admission.Response {
+	if req.Operation != admissionv1.Create {
+		return admission.Allowed("")
+	}
+	j := &kftraining.PyTorchJob{}
+	if err := decode(req.Object.Raw, j); err != nil {
+		return admission.Errored(http.StatusBadRequest, err)
+	}
+	warn, err := h.m.PyTorchJob(j)
+	if err != nil {
+		return denied(err, warn)
+	}
+	return patched(req, j, warn)
+}
+
+type ptValidator struct{ m *mutation.Mutator }
+
+func (h *ptValidator) Handle(_ context.Context, req admission.Request) admission.Response {
+	j := &kftraining.PyTorchJob{}
+	if err := decode(req.Object.Raw, j); err != nil {
+		return admission.Errored(http.StatusBadRequest, err)
+	}
+	var err error
+	switch req.Operation {
+	case admissionv1.Create:
+		err = h.m.ValidatePyTorchJob(j)
+	case admissionv1.Update:
+		old := &kftraining.PyTorchJob{}
+		if derr := decode(req.OldObject.Raw, old); derr != nil {
+			return admission.Errored(http.StatusBadRequest, derr)
+		}
+		err = h.m.ValidatePyTorchJobUpdate(old, j)
+	}
+	if err != nil {
+		return admission.Denied(err.Error())
+	}
+	return admission.Allowed("")
+}

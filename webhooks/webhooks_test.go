@@ -1,0 +1,228 @@
+package webhooks
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	jsonpatch "github.com/evanphx/json-patch/v5"
+	"github.com/google/go-cmp/cmp"
+	admissionv1 "k8s.io/api/admission/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+	"sigs.k8s.io/yaml"
+
+	batchv1 "k8s.io/api/batch/v1"
+
+	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
+	"github.com/gpupack/gpupack/flavors"
+	"github.com/gpupack/gpupack/webhooks/mutation"
+)
+
+var update = flag.Bool("update", false, "rewrite golden files")
+
+func request(t testing.TB, op admissionv1.Operation, obj, old any) admission.Request {
+	raw, err := json.Marshal(obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{Operation: op, Namespace: "ns", Object: runtime.RawExtension{Raw: raw}}}
+	if old != nil {
+		b, _ := json.Marshal(old)
+		r.OldObject = runtime.RawExtension{Raw: b}
+	}
+	return r
+}
+
+// apply applies a response's JSON patch to the request object.
+func apply(t testing.TB, req admission.Request, resp admission.Response, into any) {
+	t.Helper()
+	ops, err := json.Marshal(resp.Patches)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := jsonpatch.DecodePatch(ops)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := p.Apply(req.Object.Raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(out, into); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func gpuPod(mem string, env ...corev1.EnvVar) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns", Annotations: map[string]string{v1alpha1.AnnotationGPUMemory: mem}},
+		Spec: corev1.PodSpec{
+			NodeSelector: map[string]string{flavors.LabelGPUProduct: "NVIDIA-H100-80GB-HBM3"},
+			Containers: []corev1.Container{{Name: "c", Image: "i", Env: env, Resources: corev1.ResourceRequirements{
+				Limits: corev1.ResourceList{v1alpha1.ResourceNvidiaGPU: resource.MustParse("1"), corev1.ResourceCPU: resource.MustParse("2")}}}},
+		},
+	}
+}
+
+func handlers(t testing.TB, cfg mutation.Config, objs ...runtime.Object) map[string]admission.Handler {
+	m, err := mutation.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := runtime.NewScheme()
+	_ = corev1.AddToScheme(s)
+	_ = batchv1.AddToScheme(s)
+	return Handlers(m, fake.NewClientBuilder().WithScheme(s).WithRuntimeObjects(objs...).Build())
+}
+
+func TestPodHandler(t *testing.T) {
+	ctx := context.Background()
+	yes := true
+	owner := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "train", Namespace: "ns", UID: "u1", Annotations: map[string]string{v1alpha1.AnnotationLastConsistentCheckpoint: "700"}}}
+	h := handlers(t, mutation.Config{}, owner)
+	pod := gpuPod("10Gi", corev1.EnvVar{Name: v1alpha1.EnvLDPreload, Value: "/evil.so"})
+	pod.OwnerReferences = []metav1.OwnerReference{{APIVersion: "batch/v1", Kind: "Job", Name: "train", UID: "u1", Controller: &yes}}
+	req := request(t, admissionv1.Create, pod, nil)
+	resp := h[PathMutatePod].Handle(ctx, req)
+	if !resp.Allowed {
+		t.Fatalf("denied: %v", resp.Result)
+	}
+	if len(resp.Warnings) != 1 || !strings.Contains(resp.Warnings[0], "removed LD_PRELOAD") {
+		t.Errorf("warnings = %q", resp.Warnings)
+	}
+	var got corev1.Pod
+	apply(t, req, resp, &got)
+	lim := got.Spec.Containers[0].Resources.Limits
+	if q := lim[v1alpha1.ResourceGPUMemory]; q.Value() != 10240 {
+		t.Errorf("gpu-memory = %s", q.String())
+	}
+	env := map[string]string{}
+	for _, e := range got.Spec.Containers[0].Env {
+		env[e.Name] = e.Value
+	}
+	if env[v1alpha1.EnvLDPreload] != "" || env[v1alpha1.EnvMemoryLimit] != "10240m" || env[v1alpha1.EnvResumeStep] != "700" {
+		t.Errorf("env = %v", env)
+	}
+	// The stored pod passes validation.
+	if resp := h[PathValidatePod].Handle(ctx, request(t, admissionv1.Create, &got, nil)); !resp.Allowed {
+		t.Errorf("validation of mutated pod: %v", resp.Result)
+	}
+	// And the raw one does not.
+	if resp := h[PathValidatePod].Handle(ctx, request(t, admissionv1.Create, pod, nil)); resp.Allowed {
+		t.Error("validation of unmutated pod allowed")
+	}
+}
+
+func TestHandlerDenials(t *testing.T) {
+	ctx := context.Background()
+	h := handlers(t, mutation.Config{})
+	cases := []struct {
+		path string
+		op   admissionv1.Operation
+		obj  any
+		old  any
+		want string
+	}{
+		{PathMutatePod, admissionv1.Create, gpuPod("79Gi"), nil, "ask for at most 71903Mi"},
+		{PathValidatePod, admissionv1.Create, gpuPod("79Gi"), nil, "ask for at most 71903Mi"},
+		{PathValidatePod, admissionv1.Update, gpuPod("2Gi"), gpuPod("1Gi"), "cannot change on an existing pod"},
+		{PathMutateJob, admissionv1.Create, &batchv1.Job{Spec: batchv1.JobSpec{Template: corev1.PodTemplateSpec{ObjectMeta: gpuPod("x").ObjectMeta, Spec: gpuPod("x").Spec}}}, nil, "not a quantity"},
+	}
+	for _, tc := range cases {
+		resp := h[tc.path].Handle(ctx, request(t, tc.op, tc.obj, tc.old))
+		if resp.Allowed || resp.Result == nil || !strings.Contains(resp.Result.Message, tc.want) {
+			t.Errorf("%s %s: allowed=%v result=%v, want denial %q", tc.path, tc.op, resp.Allowed, resp.Result, tc.want)
+		}
+	}
+	// Updates are not mutated.
+	if resp := h[PathMutatePod].Handle(ctx, request(t, admissionv1.Update, gpuPod("79Gi"), gpuPod("79Gi"))); !resp.Allowed || len(resp.Patches) != 0 {
+		t.Errorf("update mutated: %+v", resp)
+	}
+}
+
+func TestWebhookConfigurationsGolden(t *testing.T) {
+	mwc, vwc := WebhookConfigurations(DefaultServeOptions())
+	var b strings.Builder
+	for _, o := range []any{mwc, vwc} {
+		y, err := yaml.Marshal(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.WriteString("---\n")
+		b.Write(y)
+	}
+	golden := filepath.Join("deploy", "webhook-configurations.yaml")
+	if *update {
+		if err := os.WriteFile(golden, []byte(b.String()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := cmp.Diff(string(want), b.String()); d != "" {
+		t.Errorf("%s is stale; run go test ./webhooks -run Golden -update (-want +got):\n%s", golden, d)
+	}
+	for _, w := range mwc.Webhooks {
+		if *w.FailurePolicy != "Fail" || len(w.MatchConditions) != 1 || w.NamespaceSelector.MatchExpressions[0].Values[0] != "kube-system" {
+			t.Errorf("%s: failurePolicy %v, conditions %d, nsSel %v", w.Name, *w.FailurePolicy, len(w.MatchConditions), w.NamespaceSelector)
+		}
+	}
+}
+
+// BenchmarkPodHandler measures one mutating admission of a fractional GPU
+// pod (decode, mutate, marshal, JSON patch) and reports p99.
+func BenchmarkPodHandler(b *testing.B) {
+	h := handlers(b, mutation.Config{})[PathMutatePod]
+	req := request(b, admissionv1.Create, gpuPod("20Gi", corev1.EnvVar{Name: "HOME", Value: "/root"}), nil)
+	ctx := context.Background()
+	lat := make([]time.Duration, 0, b.N)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		t0 := time.Now()
+		resp := h.Handle(ctx, req)
+		lat = append(lat, time.Since(t0))
+		if !resp.Allowed {
+			b.Fatal(resp.Result)
+		}
+	}
+	b.StopTimer()
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds()), "p99-ns")
+}
+
+// BenchmarkPodValidator measures the validating admission of the mutated pod.
+func BenchmarkPodValidator(b *testing.B) {
+	hs := handlers(b, mutation.Config{})
+	req := request(b, admissionv1.Create, gpuPod("20Gi"), nil)
+	var mutated corev1.Pod
+	apply(b, req, hs[PathMutatePod].Handle(context.Background(), req), &mutated)
+	vreq := request(b, admissionv1.Create, &mutated, nil)
+	lat := make([]time.Duration, 0, b.N)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		t0 := time.Now()
+		resp := hs[PathValidatePod].Handle(context.Background(), vreq)
+		lat = append(lat, time.Since(t0))
+		if !resp.Allowed {
+			b.Fatal(resp.Result)
+		}
+	}
+	b.StopTimer()
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds()), "p99-ns")
+}
