@@ -35,6 +35,9 @@ func unitBytes(f string, c int64) int64 {
 	}
 }
 
+// poolGranule is the step in which the fake driver's pools reserve memory.
+const poolGranule = 32 * mib
+
 var families = []string{"mem", "mem_v1", "pitch", "pitch_v1", "managed", "async", "pool", "vmm",
 	"array", "array_v1", "array3d", "array3d_v1", "mipmap"}
 
@@ -233,6 +236,35 @@ exec %[3]s "$@"`, dir, hookLib, hooktest)
 		b, _ := os.ReadFile("/etc/ld.so.preload")
 		if strings.Contains(string(b), hookLib) {
 			t.Fatalf("the host's /etc/ld.so.preload was modified")
+		}
+	}
+}
+
+// Memory a pool keeps reserved after its blocks are freed is still device
+// memory the container holds: it counts until the pool is trimmed.
+func TestPoolReservedMemoryCounts(t *testing.T) {
+	e := env{"FAKECUDA_MEM": fmt.Sprint(1 * gib), "CUDA_DEVICE_MEMORY_LIMIT": "64m"}.hooked()
+	for _, mode := range []string{"direct", "gpa"} {
+		kv := run(t, e, mode, "poolhold", fmt.Sprint(4*mib), "3")
+		got := map[string]int64{"reserved": num(t, kv, "reserved"), "before_trim": num(t, kv, "before_trim"),
+			"after_trim": num(t, kv, "after_trim")}
+		want := map[string]int64{"reserved": poolGranule, "before_trim": (64*mib - poolGranule) / (4 * mib),
+			"after_trim": 16}
+		if d := cmp.Diff(want, got); d != "" {
+			t.Errorf("via %s (-want +got):\n%s", mode, d)
+		}
+	}
+}
+
+// A request that fits but makes the pool grow past the limit is refused,
+// and the growth is given back.
+func TestPoolGrowthPastTheLimitIsRefused(t *testing.T) {
+	e := env{"FAKECUDA_MEM": fmt.Sprint(1 * gib), "CUDA_DEVICE_MEMORY_LIMIT": "48m"}.hooked()
+	for _, fam := range []string{"async", "pool"} {
+		got := familyRun(t, e, "gpa", fam, 4*mib)
+		// 8 blocks fill the first 32 MiB granule; the 9th would need a second.
+		if got.N != 8 || got.Err != 2 || got.Left != 0 || got.Free != 48*mib {
+			t.Errorf("%s under 48 MiB: %+v, want 8 blocks, then OUT_OF_MEMORY, nothing left after trim", fam, got)
 		}
 	}
 }

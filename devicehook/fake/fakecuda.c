@@ -6,6 +6,9 @@
  *  - Memory is host memory (malloc, or mmap MAP_NORESERVE for big blocks;
  *    MAP_32BIT for the legacy 32-bit entry points). Every device has
  *    FAKECUDA_MEM bytes (default 16 GiB) of "physical" memory.
+ *  - Memory pools (cuMemAllocAsync, cuMemAllocFromPoolAsync) reserve device
+ *    memory in POOL_GRANULE steps and keep it after frees until
+ *    cuMemPoolTrimTo, like a pool with an unbounded release threshold.
  *  - Kernels run on a simulated device clock: a device is a serial queue
  *    whose busy-until time lives in FAKECUDA_STATE (a file shared by the
  *    processes of a test, or private). A launch of g blocks of function
@@ -39,6 +42,16 @@ struct fake_ctx {
 	int dev;
 	int primary;
 };
+
+#define POOL_GRANULE (32ull << 20)
+
+struct fake_pool {
+	int dev;
+	pthread_mutex_t mu;
+	uint64_t reserved, live;
+};
+static struct fake_pool default_pool[MAXDEV];
+
 
 struct clock_state {
 	_Atomic uint64_t busy_until[MAXDEV];
@@ -77,8 +90,11 @@ static void fake_init(void)
 		F.ndev = 2;
 	v = getenv("FAKECUDA_MEM");
 	F.mem = v ? strtoull(v, NULL, 10) : (16ull << 30);
-	for (int i = 0; i < MAXDEV; i++)
+	for (int i = 0; i < MAXDEV; i++) {
 		F.primary[i] = (struct fake_ctx){i, 1};
+		default_pool[i].dev = i;
+		pthread_mutex_init(&default_pool[i].mu, NULL);
+	}
 	void *m = MAP_FAILED;
 	v = getenv("FAKECUDA_STATE");
 	if (v && *v) {
@@ -209,23 +225,33 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext c)
 
 /* ---- memory ---------------------------------------------------------------- */
 
+
 struct hdr {
 	uint64_t size;
 	uint64_t maplen; /* 0 = malloc'd */
+	struct fake_pool *pool;
 	int dev;
 	int magic;
 };
 #define MAGIC 0x6d656d66
 
-static void *raw_alloc(int dev, uint64_t size, int low32)
+/* Device bytes: charged to F.used unless a pool has reserved them. */
+static int dev_take(int dev, uint64_t size)
 {
-	if (dev < 0 || dev >= F.ndev)
-		return NULL;
 	uint64_t used = atomic_fetch_add(&F.used[dev], size);
 	if (used + size > F.mem) {
 		atomic_fetch_sub(&F.used[dev], size);
-		return NULL;
+		return -1;
 	}
+	return 0;
+}
+
+static void *raw_alloc_in(int dev, uint64_t size, int low32, struct fake_pool *pool)
+{
+	if (dev < 0 || dev >= F.ndev)
+		return NULL;
+	if (pool == NULL && dev_take(dev, size) != 0)
+		return NULL;
 	char *p;
 	uint64_t maplen = 0;
 	if (size <= (1u << 20) && !low32) {
@@ -238,12 +264,39 @@ static void *raw_alloc(int dev, uint64_t size, int low32)
 			p = NULL;
 	}
 	if (p == NULL) {
-		atomic_fetch_sub(&F.used[dev], size);
+		if (pool == NULL)
+			atomic_fetch_sub(&F.used[dev], size);
 		return NULL;
 	}
 	struct hdr *h = (struct hdr *)p;
-	*h = (struct hdr){size, maplen, dev, MAGIC};
+	*h = (struct hdr){size, maplen, pool, dev, MAGIC};
 	return p + HDR;
+}
+
+static void *raw_alloc(int dev, uint64_t size, int low32) { return raw_alloc_in(dev, size, low32, NULL); }
+
+static uint64_t round_granule(uint64_t n) { return (n + POOL_GRANULE - 1) / POOL_GRANULE * POOL_GRANULE; }
+
+static void *pool_alloc(struct fake_pool *fp, uint64_t size)
+{
+	pthread_mutex_lock(&fp->mu);
+	if (fp->live + size > fp->reserved) {
+		uint64_t want = round_granule(fp->live + size);
+		if (dev_take(fp->dev, want - fp->reserved) != 0) {
+			pthread_mutex_unlock(&fp->mu);
+			return NULL;
+		}
+		fp->reserved = want;
+	}
+	fp->live += size;
+	pthread_mutex_unlock(&fp->mu);
+	void *q = raw_alloc_in(fp->dev, size, 0, fp);
+	if (q == NULL) {
+		pthread_mutex_lock(&fp->mu);
+		fp->live -= size;
+		pthread_mutex_unlock(&fp->mu);
+	}
+	return q;
 }
 
 static CUresult raw_free(void *q)
@@ -254,7 +307,12 @@ static CUresult raw_free(void *q)
 	if (h->magic != MAGIC)
 		return CUDA_ERROR_INVALID_VALUE;
 	h->magic = 0;
-	atomic_fetch_sub(&F.used[h->dev], h->size);
+	if (h->pool) {
+		pthread_mutex_lock(&h->pool->mu);
+		h->pool->live -= h->size; /* stays reserved by the pool */
+		pthread_mutex_unlock(&h->pool->mu);
+	} else
+		atomic_fetch_sub(&F.used[h->dev], h->size);
 	if (h->maplen)
 		munmap(h, h->maplen);
 	else
@@ -303,30 +361,75 @@ EXPORT CUresult cuMemAllocPitch(CUdeviceptr_v1 *p, unsigned *pitch, unsigned w, 
 	return rc;
 }
 EXPORT CUresult cuMemAllocManaged(CUdeviceptr *p, size_t n, unsigned f) { (void)f; return alloc_cur(p, n, 0); }
-static CUresult alloc_async(CUdeviceptr *p, size_t n, CUstream s) { (void)s; return alloc_cur(p, n, 0); }
+static CUresult alloc_pool(CUdeviceptr *p, size_t n, CUmemoryPool pool, CUstream s);
+static CUresult alloc_async(CUdeviceptr *p, size_t n, CUstream s)
+{
+	init();
+	if (cur == NULL)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	return alloc_pool(p, n, (CUmemoryPool)&default_pool[cur->dev], s);
+}
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, CUstream s) { return alloc_async(p, n, s); }
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t n, CUstream s) { return alloc_async(p, n, s); }
 
-struct fake_pool { int dev; };
 EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
 {
 	init();
 	if (!props || props->location.type != CU_MEM_LOCATION_TYPE_DEVICE || props->location.id >= F.ndev)
 		return CUDA_ERROR_INVALID_VALUE;
-	struct fake_pool *fp = malloc(sizeof *fp);
+	struct fake_pool *fp = calloc(1, sizeof *fp);
 	fp->dev = props->location.id;
+	pthread_mutex_init(&fp->mu, NULL);
 	*pool = (CUmemoryPool)fp;
 	return CUDA_SUCCESS;
 }
-EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) { free(pool); return CUDA_SUCCESS; }
+EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
+{
+	struct fake_pool *fp = (struct fake_pool *)pool;
+	pthread_mutex_lock(&fp->mu);
+	uint64_t want = round_granule(fp->live > keep ? fp->live : keep);
+	if (want < fp->reserved) {
+		atomic_fetch_sub(&F.used[fp->dev], fp->reserved - want);
+		fp->reserved = want;
+	}
+	pthread_mutex_unlock(&fp->mu);
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
+{
+	struct fake_pool *fp = (struct fake_pool *)pool;
+	atomic_fetch_sub(&F.used[fp->dev], fp->reserved);
+	free(pool);
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value)
+{
+	struct fake_pool *fp = (struct fake_pool *)pool;
+	pthread_mutex_lock(&fp->mu);
+	uint64_t v = attr == CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT ? fp->reserved
+		     : attr == CU_MEMPOOL_ATTR_USED_MEM_CURRENT   ? fp->live
+								  : 0;
+	pthread_mutex_unlock(&fp->mu);
+	*(cuuint64_t *)value = v;
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice d)
+{
+	init();
+	if (d < 0 || d >= F.ndev)
+		return CUDA_ERROR_INVALID_VALUE;
+	*pool = (CUmemoryPool)&default_pool[d];
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice d) { return cuDeviceGetMemPool(pool, d); }
 static CUresult alloc_pool(CUdeviceptr *p, size_t n, CUmemoryPool pool, CUstream s)
 {
 	(void)s;
 	init();
 	atomic_fetch_add(&F.alloc_calls, 1);
-	if (pool == NULL)
+	if (pool == NULL || n == 0)
 		return CUDA_ERROR_INVALID_VALUE;
-	void *q = raw_alloc(((struct fake_pool *)pool)->dev, n, 0);
+	void *q = pool_alloc((struct fake_pool *)pool, n);
 	if (q == NULL)
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	*p = (CUdeviceptr)(uintptr_t)q;
@@ -551,6 +654,8 @@ static const struct pa table[] = {
 	E("cuMemAllocFromPoolAsync", 11020, cuMemAllocFromPoolAsync),
 	P("cuMemAllocFromPoolAsync", 11020, cuMemAllocFromPoolAsync_ptsz),
 	E("cuMemPoolCreate", 11020, cuMemPoolCreate), E("cuMemPoolDestroy", 11020, cuMemPoolDestroy),
+	E("cuMemPoolTrimTo", 11020, cuMemPoolTrimTo), E("cuMemPoolGetAttribute", 11020, cuMemPoolGetAttribute),
+	E("cuDeviceGetMemPool", 11020, cuDeviceGetMemPool), E("cuDeviceGetDefaultMemPool", 11020, cuDeviceGetDefaultMemPool),
 	E("cuMemFree", 2000, cuMemFree), E("cuMemFree", 3020, cuMemFree_v2),
 	E("cuMemFreeAsync", 11020, cuMemFreeAsync), P("cuMemFreeAsync", 11020, cuMemFreeAsync_ptsz),
 	E("cuMemCreate", 10020, cuMemCreate), E("cuMemRelease", 10020, cuMemRelease),

@@ -46,7 +46,7 @@ static inline uint64_t mix(uint64_t k)
 	return k;
 }
 
-int gp_table_put(struct gp_table *t, uint64_t key, int kind, int dev, uint64_t size)
+int gp_table_put(struct gp_table *t, uint64_t key, int kind, int dev, uint64_t size, uint64_t aux)
 {
 	if (key <= K_TOMB)
 		return -1;
@@ -61,6 +61,7 @@ int gp_table_put(struct gp_table *t, uint64_t key, int kind, int dev, uint64_t s
 		e->size = size;
 		e->dev = dev;
 		e->kind = kind;
+		e->aux = aux;
 		atomic_store_explicit(&e->key, key, memory_order_release);
 		return 0;
 	}
@@ -92,18 +93,19 @@ int gp_table_get(struct gp_table *t, uint64_t key, int kind, int *dev, uint64_t 
 	return 1;
 }
 
-int gp_table_take(struct gp_table *t, uint64_t key, int kind, int *dev, uint64_t *size)
+int gp_table_take(struct gp_table *t, uint64_t key, int kind, int *dev, uint64_t *size, uint64_t *aux)
 {
 	for (;;) {
 		struct gp_entry *e = find(t, key, kind);
 		if (e == NULL)
 			return 0;
 		int d = e->dev;
-		uint64_t s = e->size;
+		uint64_t s = e->size, a = e->aux;
 		uint64_t k = key;
 		if (atomic_compare_exchange_strong(&e->key, &k, K_TOMB)) {
 			*dev = d;
 			*size = s;
+			*aux = a;
 			return 1;
 		}
 		/* Lost a race with a concurrent free of the same handle (a double
@@ -129,11 +131,17 @@ void gp_uncharge(int dev, uint64_t size)
 		gp_region_release(&gp.region, dev, size);
 }
 
-void gp_track(uint64_t key, int kind, int dev, uint64_t size)
+void gp_charge_force(int dev, uint64_t size)
+{
+	if (gp_mem_limited(dev) && size != 0)
+		gp_region_add(&gp.region, dev, size);
+}
+
+void gp_track(uint64_t key, int kind, int dev, uint64_t size, uint64_t pool)
 {
 	if (!gp_mem_limited(dev))
 		return;
-	if (gp_table_put(&gp.table, key, kind, dev, size) != 0)
+	if (gp_table_put(&gp.table, key, kind, dev, size, pool) != 0)
 		gp_log(GP_LOG_ERROR, "allocation table full; %llu bytes on device %d stay charged until exit",
 		       (unsigned long long)size, dev);
 }
@@ -141,11 +149,167 @@ void gp_track(uint64_t key, int kind, int dev, uint64_t size)
 int gp_untrack(uint64_t key, int kind)
 {
 	int dev;
-	uint64_t size;
-	if (!gp_table_take(&gp.table, key, kind, &dev, &size))
+	uint64_t size, pool;
+	if (!gp_table_take(&gp.table, key, kind, &dev, &size, &pool))
 		return 0;
-	gp_uncharge(dev, size);
+	if (pool)
+		gp_pool_freed(pool, dev, size, GP_RESERVED_UNKNOWN);
+	else
+		gp_uncharge(dev, size);
 	return 1;
+}
+
+/* ---- pools ---------------------------------------------------------------
+ * A small registry under one mutex: pool operations are rare next to plain
+ * allocations, and the mutex keeps live/slack/charge moves atomic. */
+
+#define GP_MAX_POOLS 256
+
+static struct {
+	uint64_t pool;
+	int dev;
+	uint64_t live;  /* bytes of live allocations from the pool (ours) */
+	uint64_t slack; /* charged beyond live: reserved - live, last we knew */
+} pools[GP_MAX_POOLS];
+static int npools;
+static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int pool_find(uint64_t pool, int dev, int add)
+{
+	for (int i = 0; i < npools; i++)
+		if (pools[i].pool == pool)
+			return i;
+	if (!add || npools == GP_MAX_POOLS || dev < 0)
+		return -1;
+	pools[npools].pool = pool;
+	pools[npools].dev = dev;
+	pools[npools].live = pools[npools].slack = 0;
+	return npools++;
+}
+
+/* In a forked child: the parent's pools and blocks are not ours. */
+void gp_pool_reset(void)
+{
+	pthread_mutex_init(&pool_mu, NULL);
+	npools = 0;
+}
+
+void gp_pool_register(uint64_t pool, int dev)
+{
+	pthread_mutex_lock(&pool_mu);
+	pool_find(pool, dev, 1);
+	pthread_mutex_unlock(&pool_mu);
+}
+
+int gp_pool_dev(uint64_t pool)
+{
+	pthread_mutex_lock(&pool_mu);
+	int i = pool_find(pool, -1, 0);
+	int dev = i < 0 ? -1 : pools[i].dev;
+	pthread_mutex_unlock(&pool_mu);
+	return dev;
+}
+
+static void reconcile_locked(int i, uint64_t reserved)
+{
+	if (reserved == GP_RESERVED_UNKNOWN)
+		return;
+	uint64_t want = reserved > pools[i].live ? reserved - pools[i].live : 0;
+	if (want > pools[i].slack)
+		gp_charge_force(pools[i].dev, want - pools[i].slack); /* the driver already holds it */
+	else
+		gp_uncharge(pools[i].dev, pools[i].slack - want);
+	pools[i].slack = want;
+}
+
+/* Memory the pool already holds (slack) serves the request first; only
+ * the rest is charged, and refused if over the limit. */
+CUresult gp_pool_begin(uint64_t pool, int dev, uint64_t size, uint64_t *taken)
+{
+	pthread_mutex_lock(&pool_mu);
+	int i = pool_find(pool, dev, 1);
+	if (i < 0) {
+		pthread_mutex_unlock(&pool_mu);
+		*taken = 0;
+		return gp_charge(dev, size);
+	}
+	uint64_t take = pools[i].slack < size ? pools[i].slack : size;
+	CUresult rc = gp_charge(dev, size - take);
+	if (rc == CUDA_SUCCESS) {
+		pools[i].slack -= take;
+		pools[i].live += size;
+		*taken = take;
+	}
+	pthread_mutex_unlock(&pool_mu);
+	return rc;
+}
+
+void gp_pool_end(uint64_t pool, int dev, uint64_t size, uint64_t taken, int ok, uint64_t reserved)
+{
+	pthread_mutex_lock(&pool_mu);
+	int i = pool_find(pool, dev, 0);
+	if (i < 0) {
+		if (!ok)
+			gp_uncharge(dev, size);
+	} else {
+		if (!ok) {
+			pools[i].live -= size;
+			gp_uncharge(dev, size - taken);
+			pools[i].slack += taken;
+		}
+		reconcile_locked(i, reserved);
+	}
+	pthread_mutex_unlock(&pool_mu);
+}
+
+void gp_pool_freed(uint64_t pool, int dev, uint64_t size, uint64_t reserved)
+{
+	pthread_mutex_lock(&pool_mu);
+	int i = pool_find(pool, dev, 0);
+	if (i < 0 || reserved == GP_RESERVED_UNKNOWN) {
+		/* Without the driver's figure, assume the pool let it go. */
+		if (i >= 0)
+			pools[i].live -= size;
+		gp_uncharge(dev, size);
+	} else {
+		/* The block goes back to the pool, which may keep it reserved. */
+		pools[i].live -= size;
+		pools[i].slack += size;
+		reconcile_locked(i, reserved);
+	}
+	pthread_mutex_unlock(&pool_mu);
+}
+
+void gp_pool_reconcile(uint64_t pool, int dev, uint64_t reserved)
+{
+	pthread_mutex_lock(&pool_mu);
+	int i = pool_find(pool, dev, 0);
+	if (i >= 0)
+		reconcile_locked(i, reserved);
+	pthread_mutex_unlock(&pool_mu);
+}
+
+uint64_t gp_pool_live(uint64_t pool)
+{
+	pthread_mutex_lock(&pool_mu);
+	int i = pool_find(pool, -1, 0);
+	uint64_t live = i < 0 ? 0 : pools[i].live;
+	pthread_mutex_unlock(&pool_mu);
+	return live;
+}
+
+int gp_pool_list(int dev, uint64_t *out, int max)
+{
+	int n = 0;
+	pthread_mutex_lock(&pool_mu);
+	for (int i = 0; i < npools; i++)
+		if (pools[i].dev == dev) {
+			if (out && n < max)
+				out[n] = pools[i].pool;
+			n++;
+		}
+	pthread_mutex_unlock(&pool_mu);
+	return n;
 }
 
 uint64_t gp_used(int dev)

@@ -130,6 +130,8 @@ typedef struct {
 	unsigned char reserved[54];
 } CUmemPoolProps;
 
+enum { CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT = 5, CU_MEMPOOL_ATTR_USED_MEM_CURRENT = 7 };
+
 typedef struct {
 	unsigned int gridDimX, gridDimY, gridDimZ;
 	unsigned int blockDimX, blockDimY, blockDimZ;

@@ -143,6 +143,7 @@ static void atfork_child(void)
 {
 	/* The child owns none of the parent's allocations, contexts or threads. */
 	gp_table_clear(&gp.table);
+	gp_pool_reset();
 	for (int d = 0; d < GP_MAX_DEV; d++)
 		atomic_store(&gp.primary_refs[d], 0);
 	atomic_store(&gp.limiter_started, 0);
@@ -163,8 +164,12 @@ static void init_once(void)
 	gp.libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
 	if (gp.libcuda == NULL)
 		gp_log(GP_LOG_WARN, "libcuda.so.1 not found: %s", dlerror());
-	else
+	else {
 		gp.ctx_get_device = (gp_fn_ctxgetdevice)gp.real_dlsym(gp.libcuda, "cuCtxGetDevice");
+		gp.pool_get_attr = (gp_fn_pool_attr)gp.real_dlsym(gp.libcuda, "cuMemPoolGetAttribute");
+		gp.dev_get_mempool = (gp_fn_dev_pool)gp.real_dlsym(gp.libcuda, "cuDeviceGetMemPool");
+		gp.pool_trim = (gp_fn_pool_trim)gp.real_dlsym(gp.libcuda, "cuMemPoolTrimTo");
+	}
 	if (gp_table_init(&gp.table, 17) != 0)
 		gp_log(GP_LOG_ERROR, "cannot map the allocation table");
 	if (gp_region_open(&gp.region, gp.cfg.shared_cache) != 0 || gp_region_attach(&gp.region) != 0) {
@@ -218,25 +223,57 @@ static inline int cur_dev(void)
 static CUresult settle(CUresult rc, uint64_t key, int kind, int dev, uint64_t size)
 {
 	if (rc == CUDA_SUCCESS)
-		gp_track(key, kind, dev, size);
+		gp_track(key, kind, dev, size, 0);
 	else
 		gp_uncharge(dev, size);
 	return rc;
 }
 
+static uint64_t pool_reserved(uint64_t pool)
+{
+	cuuint64_t v;
+	if (pool && gp.pool_get_attr &&
+	    gp.pool_get_attr((CUmemoryPool)(uintptr_t)pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &v) == CUDA_SUCCESS)
+		return v;
+	return GP_RESERVED_UNKNOWN;
+}
+
+/* Pools may have released memory since we last looked (a stream sync
+ * trims them): ask the driver before refusing anything. */
+static void refresh_pools(int dev)
+{
+	uint64_t ps[64];
+	int n = gp_pool_list(dev, ps, 64);
+	for (int i = 0; i < n && i < 64; i++)
+		gp_pool_reconcile(ps[i], dev, pool_reserved(ps[i]));
+}
+
+static CUresult charge(int dev, uint64_t size)
+{
+	CUresult rc = gp_charge(dev, size);
+	if (rc == CUDA_ERROR_OUT_OF_MEMORY && gp_pool_list(dev, NULL, 0) > 0) {
+		refresh_pools(dev);
+		rc = gp_charge(dev, size);
+	}
+	return rc;
+}
+
 /* A free: forget the handle first (so a reused handle cannot collide),
- * uncharge only once the driver agreed, otherwise put it back. */
+ * uncharge only once the driver agreed, otherwise put it back. A block
+ * from a pool returns to the pool's slack instead. */
 #define FREE_WITH(key, kind, call)                                            \
 	do {                                                                  \
 		int dev_;                                                     \
-		uint64_t size_;                                               \
-		int had_ = mem_on() && gp_table_take(&gp.table, (key), (kind), &dev_, &size_); \
+		uint64_t size_, pool_;                                        \
+		int had_ = mem_on() && gp_table_take(&gp.table, (key), (kind), &dev_, &size_, &pool_); \
 		CUresult rc_ = (call);                                        \
 		if (had_) {                                                   \
-			if (rc_ == CUDA_SUCCESS)                              \
-				gp_uncharge(dev_, size_);                     \
+			if (rc_ != CUDA_SUCCESS)                              \
+				gp_table_put(&gp.table, (key), (kind), dev_, size_, pool_); \
+			else if (pool_)                                       \
+				gp_pool_freed(pool_, dev_, size_, pool_reserved(pool_)); \
 			else                                                  \
-				gp_table_put(&gp.table, (key), (kind), dev_, size_); \
+				gp_uncharge(dev_, size_);                     \
 		}                                                             \
 		return rc_;                                                   \
 	} while (0)
@@ -259,7 +296,7 @@ static int h_cuMemAlloc_v2(fn_cuMemAlloc_v2 real, CUdeviceptr *dptr, size_t size
 	int dev;
 	if (!mem_on() || !gp_mem_limited(dev = cur_dev()))
 		return real(dptr, size);
-	CUresult rc = gp_charge(dev, size);
+	CUresult rc = charge(dev, size);
 	if (rc != CUDA_SUCCESS)
 		return rc;
 	rc = real(dptr, size);
@@ -271,7 +308,7 @@ static int h_cuMemAlloc(fn_cuMemAlloc real, CUdeviceptr_v1 *dptr, unsigned int s
 	int dev;
 	if (!mem_on() || !gp_mem_limited(dev = cur_dev()))
 		return real(dptr, size);
-	CUresult rc = gp_charge(dev, size);
+	CUresult rc = charge(dev, size);
 	if (rc != CUDA_SUCCESS)
 		return rc;
 	rc = real(dptr, size);
@@ -289,14 +326,14 @@ static CUresult pitch_settle(CUresult rc, CUdeviceptr p, uint64_t pitch, uint64_
 		return rc;
 	}
 	uint64_t actual = pitch * (h ? h : 1);
-	if (actual > est && gp_charge(dev, actual - est) != CUDA_SUCCESS) {
+	if (actual > est && charge(dev, actual - est) != CUDA_SUCCESS) {
 		gp_uncharge(dev, est);
 		undo(p);
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
 	if (actual < est)
 		gp_uncharge(dev, est - actual);
-	gp_track(p, GP_K_MEM, dev, actual);
+	gp_track(p, GP_K_MEM, dev, actual, 0);
 	return rc;
 }
 
@@ -324,7 +361,7 @@ static int h_cuMemAllocPitch_v2(fn_cuMemAllocPitch_v2 real, CUdeviceptr *dptr, s
 	if (!mem_on() || !gp_mem_limited(dev = cur_dev()))
 		return real(dptr, pitch, w, h, elem);
 	uint64_t est = pitch_estimate(w, h);
-	CUresult rc = gp_charge(dev, est);
+	CUresult rc = charge(dev, est);
 	if (rc != CUDA_SUCCESS)
 		return rc;
 	rc = real(dptr, pitch, w, h, elem);
@@ -338,7 +375,7 @@ static int h_cuMemAllocPitch(fn_cuMemAllocPitch real, CUdeviceptr_v1 *dptr, unsi
 	if (!mem_on() || !gp_mem_limited(dev = cur_dev()))
 		return real(dptr, pitch, w, h, elem);
 	uint64_t est = pitch_estimate(w, h);
-	CUresult rc = gp_charge(dev, est);
+	CUresult rc = charge(dev, est);
 	if (rc != CUDA_SUCCESS)
 		return rc;
 	rc = real(dptr, pitch, w, h, elem);
@@ -351,11 +388,47 @@ static int h_cuMemAllocManaged(fn_cuMemAllocManaged real, CUdeviceptr *dptr, siz
 	int dev;
 	if (!mem_on() || !gp_mem_limited(dev = cur_dev()))
 		return real(dptr, size, flags);
-	CUresult rc = gp_charge(dev, size);
+	CUresult rc = charge(dev, size);
 	if (rc != CUDA_SUCCESS)
 		return rc;
 	rc = real(dptr, size, flags);
 	return settle(rc, rc == CUDA_SUCCESS ? *dptr : 0, GP_K_MEM, dev, size);
+}
+
+/* Stream-ordered allocations come from a pool, which may grow by more
+ * than the request (and keep memory after frees): charge the request up
+ * front, then settle with the pool's reserved size, and refuse (giving the
+ * block back) if growth pushed the container over its limit. */
+static CUresult pool_alloc_post(CUresult rc, CUdeviceptr *dptr, uint64_t pool, int dev, uint64_t size,
+				uint64_t taken, CUstream s)
+{
+	gp_pool_end(pool, dev, size, taken, rc == CUDA_SUCCESS, pool_reserved(pool));
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	if (gp_used(dev) > gp.cfg.mem_limit[dev]) {
+		void *f = real_of(IDX_cuMemFreeAsync);
+		if (f != MISSING)
+			((fn_cuMemFreeAsync)f)(*dptr, s);
+		uint64_t keep = gp_pool_live(pool) - size;
+		if (gp.pool_trim)
+			gp.pool_trim((CUmemoryPool)(uintptr_t)pool, keep);
+		gp_pool_freed(pool, dev, size, pool_reserved(pool));
+		gp_log(GP_LOG_INFO, "device %d: pool growth for %llu bytes would pass the limit; refused", dev,
+		       (unsigned long long)size);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	gp_track(*dptr, GP_K_MEM, dev, size, pool);
+	return rc;
+}
+
+static CUresult pool_alloc_pre(uint64_t pool, int dev, uint64_t size, uint64_t *taken)
+{
+	CUresult rc = gp_pool_begin(pool, dev, size, taken);
+	if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
+		refresh_pools(dev);
+		rc = gp_pool_begin(pool, dev, size, taken);
+	}
+	return rc;
 }
 
 static int h_cuMemAllocAsync(fn_cuMemAllocAsync real, CUdeviceptr *dptr, size_t size, CUstream s)
@@ -363,30 +436,39 @@ static int h_cuMemAllocAsync(fn_cuMemAllocAsync real, CUdeviceptr *dptr, size_t 
 	int dev;
 	if (!mem_on() || !gp_mem_limited(dev = cur_dev()))
 		return real(dptr, size, s);
-	CUresult rc = gp_charge(dev, size);
+	/* The device's current pool serves cuMemAllocAsync. */
+	CUmemoryPool p = NULL;
+	if (gp.dev_get_mempool == NULL || gp.dev_get_mempool(&p, dev) != CUDA_SUCCESS || p == NULL) {
+		CUresult rc = charge(dev, size);
+		if (rc != CUDA_SUCCESS)
+			return rc;
+		rc = real(dptr, size, s);
+		return settle(rc, rc == CUDA_SUCCESS ? *dptr : 0, GP_K_MEM, dev, size);
+	}
+	uint64_t pool = (uint64_t)(uintptr_t)p, taken;
+	gp_pool_register(pool, dev);
+	CUresult rc = pool_alloc_pre(pool, dev, size, &taken);
 	if (rc != CUDA_SUCCESS)
 		return rc;
-	rc = real(dptr, size, s);
-	return settle(rc, rc == CUDA_SUCCESS ? *dptr : 0, GP_K_MEM, dev, size);
+	return pool_alloc_post(real(dptr, size, s), dptr, pool, dev, size, taken, s);
 }
 
 static int h_cuMemAllocFromPoolAsync(fn_cuMemAllocFromPoolAsync real, CUdeviceptr *dptr, size_t size,
-				     CUmemoryPool pool, CUstream s)
+				     CUmemoryPool p, CUstream s)
 {
-	if (!mem_on())
-		return real(dptr, size, pool, s);
+	if (!mem_on() || p == NULL)
+		return real(dptr, size, p, s);
 	/* The pool's own device (it may differ from the current context's). */
-	int dev;
-	uint64_t unused;
-	if (!gp_table_get(&gp.table, (uint64_t)(uintptr_t)pool, GP_K_POOL, &dev, &unused))
+	uint64_t pool = (uint64_t)(uintptr_t)p, taken;
+	int dev = gp_pool_dev(pool);
+	if (dev < 0)
 		dev = cur_dev();
 	if (!gp_mem_limited(dev))
-		return real(dptr, size, pool, s);
-	CUresult rc = gp_charge(dev, size);
+		return real(dptr, size, p, s);
+	CUresult rc = pool_alloc_pre(pool, dev, size, &taken);
 	if (rc != CUDA_SUCCESS)
 		return rc;
-	rc = real(dptr, size, pool, s);
-	return settle(rc, rc == CUDA_SUCCESS ? *dptr : 0, GP_K_MEM, dev, size);
+	return pool_alloc_post(real(dptr, size, p, s), dptr, pool, dev, size, taken, s);
 }
 
 static int h_cuMemCreate(fn_cuMemCreate real, CUmemGenericAllocationHandle *handle, size_t size,
@@ -399,7 +481,7 @@ static int h_cuMemCreate(fn_cuMemCreate real, CUmemGenericAllocationHandle *hand
 	    !gp_mem_limited(prop->location.id))
 		return real(handle, size, prop, flags);
 	int dev = prop->location.id;
-	CUresult rc = gp_charge(dev, size);
+	CUresult rc = charge(dev, size);
 	if (rc != CUDA_SUCCESS)
 		return rc;
 	rc = real(handle, size, prop, flags);
@@ -412,7 +494,7 @@ static int h_cuArrayCreate_v2(fn_cuArrayCreate_v2 real, CUarray *arr, const CUDA
 	if (!mem_on() || d == NULL || !gp_mem_limited(dev = cur_dev()))
 		return real(arr, d);
 	uint64_t size = gp_array_bytes(d->Width, d->Height, 1, d->Format, d->NumChannels);
-	CUresult rc = gp_charge(dev, size);
+	CUresult rc = charge(dev, size);
 	if (rc != CUDA_SUCCESS)
 		return rc;
 	rc = real(arr, d);
@@ -425,7 +507,7 @@ static int h_cuArrayCreate(fn_cuArrayCreate real, CUarray *arr, const CUDA_ARRAY
 	if (!mem_on() || d == NULL || !gp_mem_limited(dev = cur_dev()))
 		return real(arr, d);
 	uint64_t size = gp_array_bytes(d->Width, d->Height, 1, d->Format, d->NumChannels);
-	CUresult rc = gp_charge(dev, size);
+	CUresult rc = charge(dev, size);
 	if (rc != CUDA_SUCCESS)
 		return rc;
 	rc = real(arr, d);
@@ -438,7 +520,7 @@ static int h_cuArray3DCreate_v2(fn_cuArray3DCreate_v2 real, CUarray *arr, const 
 	if (!mem_on() || d == NULL || !gp_mem_limited(dev = cur_dev()))
 		return real(arr, d);
 	uint64_t size = gp_array_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels);
-	CUresult rc = gp_charge(dev, size);
+	CUresult rc = charge(dev, size);
 	if (rc != CUDA_SUCCESS)
 		return rc;
 	rc = real(arr, d);
@@ -451,7 +533,7 @@ static int h_cuArray3DCreate(fn_cuArray3DCreate real, CUarray *arr, const CUDA_A
 	if (!mem_on() || d == NULL || !gp_mem_limited(dev = cur_dev()))
 		return real(arr, d);
 	uint64_t size = gp_array_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels);
-	CUresult rc = gp_charge(dev, size);
+	CUresult rc = charge(dev, size);
 	if (rc != CUDA_SUCCESS)
 		return rc;
 	rc = real(arr, d);
@@ -465,7 +547,7 @@ static int h_cuMipmappedArrayCreate(fn_cuMipmappedArrayCreate real, CUmipmappedA
 	if (!mem_on() || d == NULL || !gp_mem_limited(dev = cur_dev()))
 		return real(arr, d, levels);
 	uint64_t size = gp_mipmap_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels, levels);
-	CUresult rc = gp_charge(dev, size);
+	CUresult rc = charge(dev, size);
 	if (rc != CUDA_SUCCESS)
 		return rc;
 	rc = real(arr, d, levels);
@@ -476,7 +558,16 @@ static int h_cuMemPoolCreate(fn_cuMemPoolCreate real, CUmemoryPool *pool, const 
 {
 	CUresult rc = real(pool, props);
 	if (rc == CUDA_SUCCESS && mem_on() && props && props->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
-		gp_table_put(&gp.table, (uint64_t)(uintptr_t)*pool, GP_K_POOL, props->location.id, 0);
+		gp_pool_register((uint64_t)(uintptr_t)*pool, props->location.id);
+	return rc;
+}
+
+static int h_cuMemPoolTrimTo(fn_cuMemPoolTrimTo real, CUmemoryPool pool, size_t keep)
+{
+	CUresult rc = real(pool, keep);
+	int dev;
+	if (rc == CUDA_SUCCESS && mem_on() && (dev = gp_pool_dev((uint64_t)(uintptr_t)pool)) >= 0)
+		gp_pool_reconcile((uint64_t)(uintptr_t)pool, dev, pool_reserved((uint64_t)(uintptr_t)pool));
 	return rc;
 }
 
@@ -496,7 +587,12 @@ static int h_cuMipmappedArrayDestroy(fn_cuMipmappedArrayDestroy real, CUmipmappe
 }
 static int h_cuMemPoolDestroy(fn_cuMemPoolDestroy real, CUmemoryPool pool)
 {
-	FREE_WITH((uint64_t)(uintptr_t)pool, GP_K_POOL, real(pool));
+	CUresult rc = real(pool);
+	int dev;
+	/* The pool's reserve goes with it; live blocks stay charged until freed. */
+	if (rc == CUDA_SUCCESS && mem_on() && (dev = gp_pool_dev((uint64_t)(uintptr_t)pool)) >= 0)
+		gp_pool_reconcile((uint64_t)(uintptr_t)pool, dev, 0);
+	return rc;
 }
 
 /* ---- contexts: the per-context reserve --------------------------------- */

@@ -249,6 +249,12 @@ int gp_region_reserve(struct gp_region_handle *h, int dev, uint64_t size, uint64
 	return -1;
 }
 
+void gp_region_add(struct gp_region_handle *h, int dev, uint64_t size)
+{
+	if (h->slot >= 0)
+		atomic_fetch_add(&h->r->slots[h->slot].used[dev], size);
+}
+
 void gp_region_release(struct gp_region_handle *h, int dev, uint64_t size)
 {
 	if (h->slot >= 0)

@@ -61,19 +61,21 @@ int gp_region_attach(struct gp_region_handle *h);
 void gp_region_detach(struct gp_region_handle *h);
 uint64_t gp_region_used(struct gp_region_handle *h, int dev);
 int gp_region_reserve(struct gp_region_handle *h, int dev, uint64_t size, uint64_t limit);
+void gp_region_add(struct gp_region_handle *h, int dev, uint64_t size);
 void gp_region_release(struct gp_region_handle *h, int dev, uint64_t size);
 int gp_region_reclaim_dead(struct gp_region_handle *h);
 int gp_region_pids(struct gp_region_handle *h, pid_t *out, int max);
 
 /* ---- account.c --------------------------------------------------------- */
 
-enum gp_kind { GP_K_MEM = 1, GP_K_VMM, GP_K_ARRAY, GP_K_MIPMAP, GP_K_CTX, GP_K_POOL };
+enum gp_kind { GP_K_MEM = 1, GP_K_VMM, GP_K_ARRAY, GP_K_MIPMAP, GP_K_CTX };
 
 struct gp_entry {
 	_Atomic uint64_t key; /* 0 empty, 1 busy, 2 tombstone, else the handle */
 	uint64_t size;
 	int32_t dev;
 	int32_t kind;
+	uint64_t aux; /* GP_K_MEM: the pool it came from (0 = none) */
 };
 
 struct gp_table {
@@ -84,18 +86,36 @@ struct gp_table {
 
 int gp_table_init(struct gp_table *t, unsigned log2cap);
 void gp_table_clear(struct gp_table *t);
-int gp_table_put(struct gp_table *t, uint64_t key, int kind, int dev, uint64_t size);
-int gp_table_take(struct gp_table *t, uint64_t key, int kind, int *dev, uint64_t *size);
+int gp_table_put(struct gp_table *t, uint64_t key, int kind, int dev, uint64_t size, uint64_t aux);
+int gp_table_take(struct gp_table *t, uint64_t key, int kind, int *dev, uint64_t *size, uint64_t *aux);
 int gp_table_get(struct gp_table *t, uint64_t key, int kind, int *dev, uint64_t *size);
 
 /* Charge `size` bytes on dev against its limit: CUDA_SUCCESS or
  * CUDA_ERROR_OUT_OF_MEMORY. Uncharged devices (no limit) always succeed. */
 CUresult gp_charge(int dev, uint64_t size);
 void gp_uncharge(int dev, uint64_t size);
+/* Charge without a limit check, for memory the driver already holds. */
+void gp_charge_force(int dev, uint64_t size);
 /* Track an allocation after the driver succeeded (charge already made). */
-void gp_track(uint64_t key, int kind, int dev, uint64_t size);
+void gp_track(uint64_t key, int kind, int dev, uint64_t size, uint64_t pool);
 /* Forget an allocation; uncharges it. Returns 1 if it was tracked. */
 int gp_untrack(uint64_t key, int kind);
+
+/* Memory pools (stream-ordered allocation). A pool keeps memory reserved
+ * beyond its live allocations; the container is charged
+ * max(reserved, live) per pool: live allocations by size, the rest as
+ * "slack", reconciled with the driver's RESERVED_MEM_CURRENT whenever the
+ * pool is used, trimmed, or a charge would fail. */
+#define GP_RESERVED_UNKNOWN UINT64_MAX
+void gp_pool_register(uint64_t pool, int dev);
+void gp_pool_reset(void);
+int gp_pool_dev(uint64_t pool);
+CUresult gp_pool_begin(uint64_t pool, int dev, uint64_t size, uint64_t *taken);
+void gp_pool_end(uint64_t pool, int dev, uint64_t size, uint64_t taken, int ok, uint64_t reserved);
+void gp_pool_freed(uint64_t pool, int dev, uint64_t size, uint64_t reserved);
+void gp_pool_reconcile(uint64_t pool, int dev, uint64_t reserved);
+uint64_t gp_pool_live(uint64_t pool);
+int gp_pool_list(int dev, uint64_t *out, int max);
 uint64_t gp_used(int dev);
 static inline int gp_mem_limited(int dev);
 
@@ -131,6 +151,9 @@ typedef nvmlReturn_t (*gp_fn_nvml_procutil)(nvmlDevice_t, nvmlProcessUtilization
 typedef nvmlReturn_t (*gp_fn_nvml_util)(nvmlDevice_t, nvmlUtilization_t *);
 typedef nvmlReturn_t (*gp_fn_nvml_byindex)(unsigned int, nvmlDevice_t *);
 typedef nvmlReturn_t (*gp_fn_nvml_init)(void);
+typedef CUresult (*gp_fn_pool_attr)(CUmemoryPool, int, void *);
+typedef CUresult (*gp_fn_dev_pool)(CUmemoryPool *, CUdevice);
+typedef CUresult (*gp_fn_pool_trim)(CUmemoryPool, size_t);
 
 struct gp_state {
 	pthread_once_t once;
@@ -140,6 +163,9 @@ struct gp_state {
 	void *libcuda;
 	void *libnvml;
 	gp_fn_ctxgetdevice ctx_get_device;
+	gp_fn_pool_attr pool_get_attr;    /* cuMemPoolGetAttribute */
+	gp_fn_dev_pool dev_get_mempool;   /* cuDeviceGetMemPool */
+	gp_fn_pool_trim pool_trim;        /* cuMemPoolTrimTo (the driver's) */
 	gp_fn_nvml_index nvml_index;
 	gp_fn_nvml_procutil nvml_procutil;
 	gp_fn_nvml_util nvml_util;

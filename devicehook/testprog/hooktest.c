@@ -208,9 +208,20 @@ static const struct fam *find_fam(const char *name)
 #define MAXH 100000
 static uint64_t handles[MAXH];
 
+static int is_pool_family(const struct fam *f) { return !strcmp(f->name, "pool") || !strcmp(f->name, "async"); }
+
+static uint64_t pool_attr(int attr)
+{
+	cuuint64_t v = 0;
+	A.p_cuMemPoolGetAttribute((CUmemoryPool)pool, attr, &v);
+	return v;
+}
+
 static void setup_family(const struct fam *f, int dev)
 {
 	ctx(dev);
+	if (!strcmp(f->name, "async"))
+		A.p_cuDeviceGetMemPool((CUmemoryPool *)&pool, dev);
 	vmm_dev = getenv("HOOKTEST_VMM_DEV") ? atoi(getenv("HOOKTEST_VMM_DEV")) : dev;
 	if (!strcmp(f->name, "pool")) {
 		CUmemPoolProps p;
@@ -240,8 +251,8 @@ static int cmd_family(const char *name, uint64_t chunk)
 		rc = f->alloc(chunk, &handles[n]);
 		if (rc != 0)
 			break;
-		if (n == 0)
-			unit = fake_used(udev) - before;
+		if (n == 0) /* a pool reserves in big steps: ask it what it handed out */
+			unit = is_pool_family(f) ? pool_attr(CU_MEMPOOL_ATTR_USED_MEM_CURRENT) : fake_used(udev) - before;
 		n++;
 	}
 	uint64_t calls = fake_calls();
@@ -256,11 +267,36 @@ static int cmd_family(const char *name, uint64_t chunk)
 	for (int i = 0; i < n; i++)
 		if (f->release(handles[i]) != 0)
 			freed_bad++;
+	if (is_pool_family(f))
+		A.p_cuMemPoolTrimTo((CUmemoryPool)pool, 0); /* give the pool's reserve back */
 	size_t fr = 0, tot = 0;
 	A.p_cuMemGetInfo_v2(&fr, &tot);
 	printf("n=%d err=%d err2=%d reached=%d unit=%llu refree=%d realloc=%d freebad=%d left=%llu free=%zu total=%zu\n",
 	       n, rc, rc2, reached, (unsigned long long)unit, refree, realloc_rc, freed_bad,
 	       (unsigned long long)(fake_used(udev) - before), fr, tot);
+	return 0;
+}
+
+/* poolhold CHUNK K: memory a pool keeps after frees still counts, until trimmed. */
+static int cmd_poolhold(uint64_t chunk, int k)
+{
+	ctx(0);
+	A.p_cuDeviceGetMemPool((CUmemoryPool *)&pool, 0);
+	for (int i = 0; i < k; i++)
+		if (A.p_cuMemAllocAsync((CUdeviceptr *)&handles[i], chunk, NULL))
+			die("cuMemAllocAsync", i);
+	for (int i = 0; i < k; i++)
+		A.p_cuMemFreeAsync(handles[i], NULL);
+	uint64_t reserved = pool_attr(CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
+	int n1 = 0, n2 = 0;
+	while (n1 < MAXH && a_mem(chunk, &handles[n1]) == 0)
+		n1++;
+	for (int i = 0; i < n1; i++)
+		f_mem(handles[i]);
+	A.p_cuMemPoolTrimTo((CUmemoryPool)pool, 0);
+	while (n2 < MAXH && a_mem(chunk, &handles[n2]) == 0)
+		n2++;
+	printf("reserved=%llu before_trim=%d after_trim=%d\n", (unsigned long long)reserved, n1, n2);
 	return 0;
 }
 
@@ -462,6 +498,8 @@ int main(int argc, char **argv)
 	uint64_t a = argc > 3 ? strtoull(argv[3], NULL, 10) : 0;
 	if (!strcmp(c, "family") && argc > 4)
 		return cmd_family(argv[3], strtoull(argv[4], NULL, 10));
+	if (!strcmp(c, "poolhold") && argc > 4)
+		return cmd_poolhold(a, atoi(argv[4]));
 	if (!strcmp(c, "query"))
 		return cmd_query(a);
 	if (!strcmp(c, "hold"))
