@@ -108,6 +108,16 @@ int gp_region_open(struct gp_region_handle *h, const char *path)
 	void *m = MAP_FAILED;
 	if (path && *path) {
 		int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+		uint64_t magic = 0;
+		if (fd >= 0 && pread(fd, &magic, sizeof magic, 0) == (ssize_t)sizeof magic && magic != 0 &&
+		    magic != GP_MAGIC) {
+			/* I7: not ours (another version, or another library's file). */
+			gp_log(GP_LOG_ERROR, "shared cache %s has another layout (magic %llx); accounting is per process",
+			       path, (unsigned long long)magic);
+			close(fd);
+			fd = -1;
+			errno = EEXIST;
+		}
 		if (fd >= 0) {
 			struct stat st;
 			if (fstat(fd, &st) == 0 && (size_t)st.st_size < size && ftruncate(fd, (off_t)size) != 0)
