@@ -1,0 +1,148 @@
+package placement
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
+)
+
+func gatedPod(name, uid, plan string, index string, gates ...string) *corev1.Pod {
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", UID: types.UID(uid),
+		Labels:      map[string]string{"training.kubeflow.org/replica-type": "worker", "training.kubeflow.org/replica-index": index},
+		Annotations: map[string]string{v1alpha1.AnnotationPlan: plan}},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "i"}}}}
+	for _, g := range append(gates, v1alpha1.SchedulingGatePlacement) {
+		p.Spec.SchedulingGates = append(p.Spec.SchedulingGates, corev1.PodSchedulingGate{Name: g})
+	}
+	return p
+}
+
+func testPlan() *v1alpha1.GPUPlan {
+	return &v1alpha1.GPUPlan{ObjectMeta: metav1.ObjectMeta{Name: "wl", Namespace: "ns"}, Spec: v1alpha1.GPUPlanSpec{
+		WorkloadName: "wl", PodCount: 2, GPUCount: 2,
+		Assignments: []v1alpha1.PodAssignment{
+			{PodSet: "worker", Index: 0, Node: "n1", GPUs: []v1alpha1.GPUAssignment{{UUID: "GPU-a", MemoryMiB: 20480}}},
+			{PodSet: "worker", Index: 1, Node: "n2", GPUs: []v1alpha1.GPUAssignment{{UUID: "GPU-b", MemoryMiB: 20480}}},
+		}}, Status: v1alpha1.GPUPlanStatus{Phase: v1alpha1.PlanPlanned}}
+}
+
+func setup(t *testing.T, objs ...client.Object) (*Reconciler, client.Client, *record.FakeRecorder) {
+	s := runtime.NewScheme()
+	_ = corev1.AddToScheme(s)
+	_ = v1alpha1.AddToScheme(s)
+	c := fake.NewClientBuilder().WithScheme(s).WithObjects(objs...).WithStatusSubresource(&v1alpha1.GPUPlan{}).
+		WithIndex(&corev1.Pod{}, IndexPlan, func(o client.Object) []string {
+			if p := o.GetAnnotations()[v1alpha1.AnnotationPlan]; p != "" {
+				return []string{p}
+			}
+			return nil
+		}).Build()
+	rec := record.NewFakeRecorder(20)
+	return &Reconciler{Client: c, Recorder: rec}, c, rec
+}
+
+func reconcilePod(t *testing.T, r *Reconciler, name string) reconcile.Result {
+	t.Helper()
+	res, err := r.Reconcile(context.Background(), reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "ns", Name: name}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+func getPod(t *testing.T, c client.Client, name string) *corev1.Pod {
+	p := &corev1.Pod{}
+	if err := c.Get(context.Background(), types.NamespacedName{Namespace: "ns", Name: name}, p); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestReconcilePlaces(t *testing.T) {
+	r, c, rec := setup(t, testPlan(), gatedPod("w1", "u1", "wl", "1"), gatedPod("w0", "u0", "wl", "0"))
+	reconcilePod(t, r, "w1")
+	reconcilePod(t, r, "w0")
+	reconcilePod(t, r, "w0") // idempotent
+	w1 := getPod(t, c, "w1")
+	if len(w1.Spec.SchedulingGates) != 0 || w1.Annotations[v1alpha1.AnnotationDevices] != "GPU-b:20480" {
+		t.Errorf("w1: gates %v devices %q", w1.Spec.SchedulingGates, w1.Annotations[v1alpha1.AnnotationDevices])
+	}
+	wantAff := &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{"n2"}}}}}}
+	if d := cmp.Diff(wantAff, w1.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution); d != "" {
+		t.Errorf("w1 affinity (-want +got):\n%s", d)
+	}
+	plan := &v1alpha1.GPUPlan{}
+	_ = c.Get(context.Background(), types.NamespacedName{Namespace: "ns", Name: "wl"}, plan)
+	want := []v1alpha1.SlotBinding{{PodSet: "worker", Index: 1, PodName: "w1", PodUID: "u1"}, {PodSet: "worker", Index: 0, PodName: "w0", PodUID: "u0"}}
+	if d := cmp.Diff(want, plan.Status.Bindings); d != "" || plan.Status.Phase != v1alpha1.PlanPlaced || plan.Status.PlacedPods != 2 {
+		t.Errorf("plan status phase %s placed %d bindings (-want +got):\n%s", plan.Status.Phase, plan.Status.PlacedPods, d)
+	}
+	if n := len(rec.Events); n != 2 {
+		t.Errorf("%d events, want 2 Placed", n)
+	}
+}
+
+func TestReconcileRecreatedPodGetsSlotBack(t *testing.T) {
+	plan := testPlan()
+	plan.Status.Bindings = []v1alpha1.SlotBinding{{PodSet: "worker", Index: 0, PodName: "w0-old", PodUID: "old"}}
+	r, c, _ := setup(t, plan, gatedPod("w0-new", "new", "wl", "0"))
+	reconcilePod(t, r, "w0-new")
+	if got := getPod(t, c, "w0-new").Annotations[v1alpha1.AnnotationDevices]; got != "GPU-a:20480" {
+		t.Errorf("devices = %q, want the old pod's GPU-a", got)
+	}
+}
+
+func TestReconcileWaitsForPredecessor(t *testing.T) {
+	plan := testPlan()
+	plan.Status.Bindings = []v1alpha1.SlotBinding{{PodSet: "worker", Index: 0, PodName: "w0-old", PodUID: "old"}}
+	old := gatedPod("w0-old", "old", "wl", "0")
+	old.Spec.SchedulingGates = nil
+	r, c, _ := setup(t, plan, old, gatedPod("w0-new", "new", "wl", "0"))
+	if res := reconcilePod(t, r, "w0-new"); res.RequeueAfter == 0 {
+		t.Error("no requeue while the predecessor holds the slot")
+	}
+	if !hasGate(getPod(t, c, "w0-new"), v1alpha1.SchedulingGatePlacement) {
+		t.Error("ungated while the slot is busy")
+	}
+}
+
+func TestReconcileLeavesGated(t *testing.T) {
+	r, c, rec := setup(t, gatedPod("gone", "u", "missing", "0"), gatedPod("tas", "u2", "wl", "0", TASGate), testPlan())
+	reconcilePod(t, r, "gone")
+	reconcilePod(t, r, "tas")
+	if !hasGate(getPod(t, c, "gone"), v1alpha1.SchedulingGatePlacement) || !hasGate(getPod(t, c, "tas"), v1alpha1.SchedulingGatePlacement) {
+		t.Error("gate lifted")
+	}
+	ev := <-rec.Events
+	if !strings.Contains(ev, EventPlanMissing) || !strings.Contains(ev, "missing") {
+		t.Errorf("event = %q", ev)
+	}
+	if len(rec.Events) != 0 {
+		t.Errorf("TAS-gated pod produced an event")
+	}
+}
+
+func TestPinNarrowsExistingAffinity(t *testing.T) {
+	p := gatedPod("p", "u", "wl", "0")
+	p.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
+		NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "zone", Operator: corev1.NodeSelectorOpIn, Values: []string{"a"}}}}},
+	}}}
+	Pin(p, "n1", "GPU-a:1")
+	Pin(p, "n1", "GPU-a:1")
+	terms := p.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
+	if len(terms) != 1 || len(terms[0].MatchExpressions) != 1 || len(terms[0].MatchFields) != 1 || terms[0].MatchFields[0].Values[0] != "n1" {
+		t.Errorf("terms = %+v", terms)
+	}
+}
