@@ -7,7 +7,9 @@ import (
 	"io"
 	"os"
 
+	"github.com/gpupack/gpupack/admissioncheck/fitcli"
 	"github.com/gpupack/gpupack/cmd/internal/version"
+	"github.com/gpupack/gpupack/webhooks/mutatecli"
 )
 
 type command struct {
@@ -16,6 +18,10 @@ type command struct {
 }
 
 var commands = map[string]command{
+	"fit": {"would this workload fit now? (offline, from kubectl get -o yaml dumps)", func(args []string, _ io.Reader, out, errw io.Writer) int {
+		return fitcli.Main(args, out, errw)
+	}},
+	"mutate": {"show what gpupack's webhooks do to a job or pod (offline)", mutatecli.Main},
 	"version": {"print the version", func(_ []string, _ io.Reader, out, _ io.Writer) int {
 		fmt.Fprintln(out, version.String())
 		return 0
