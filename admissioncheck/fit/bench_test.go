@@ -140,3 +140,37 @@ func BenchmarkFitHard(b *testing.B) {
 	}
 	benchFit(b, m, g, Options{})
 }
+
+// BenchmarkFitCold is what a controller that rebuilds its model from the API
+// on every decision pays: NewModel, every usage, then the first Fit (which
+// builds the level index and node order).
+func BenchmarkFitCold(b *testing.B) {
+	for _, size := range []struct {
+		name  string
+		nodes int
+	}{{"10kGPU", 1250}, {"100kGPU", 12500}} {
+		_, ns := fragmented(size.nodes, 1)
+		m0, _ := fragmented(size.nodes, 1)
+		var usage []Usage
+		for _, n := range ns {
+			for _, g := range n.GPUs {
+				if free, cores, _, _ := m0.GPUState(g.UUID); free < g.AllocatableMiB {
+					usage = append(usage, Usage{UUID: g.UUID, MemoryMiB: g.AllocatableMiB - free, Cores: 100 - cores})
+				}
+			}
+		}
+		for _, level := range []string{"", "rack"} {
+			b.Run(fmt.Sprintf("%s/%q/64x1-whole", size.name, level), func(b *testing.B) {
+				for b.Loop() {
+					m := NewModel(ns)
+					for _, u := range usage {
+						_ = m.Use(u)
+					}
+					if r := m.Fit(gang(whole("w", 64, 1)), Options{Level: level, Levels: []string{"rack", "kubernetes.io/hostname"}}); !r.Fits {
+						b.Fatal(r.Reasons)
+					}
+				}
+			})
+		}
+	}
+}

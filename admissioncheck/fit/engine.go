@@ -452,27 +452,23 @@ func (m *Model) order(narrow []string) *staticOrder {
 		return so
 	}
 	idx := make([]int32, len(m.nodes))
+	tuples := make([][]string, len(m.nodes))
 	for i := range idx {
 		idx[i] = int32(i)
-	}
-	tuple := func(i int32) []string {
 		t := make([]string, len(narrow))
 		for k, l := range narrow {
 			t[k] = m.nodes[i].n.Labels[l]
 		}
-		return t
+		tuples[i] = t
 	}
 	slices.SortFunc(idx, func(a, b int32) int {
-		return cmp.Or(slices.Compare(tuple(a), tuple(b)), strings.Compare(m.nodes[a].n.Name, m.nodes[b].n.Name))
+		return cmp.Or(slices.Compare(tuples[a], tuples[b]), strings.Compare(m.nodes[a].n.Name, m.nodes[b].n.Name))
 	})
 	so := &staticOrder{sub: make([]int32, len(m.nodes)), rank: make([]int32, len(m.nodes)), byRk: idx}
-	var prev []string
 	sub := int32(-1)
 	for r, ni := range idx {
-		t := tuple(ni)
-		if prev == nil || !slices.Equal(t, prev) {
+		if r == 0 || !slices.Equal(tuples[ni], tuples[idx[r-1]]) {
 			sub++
-			prev = t
 		}
 		so.sub[ni] = sub
 		so.rank[ni] = int32(r)

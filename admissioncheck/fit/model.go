@@ -110,7 +110,12 @@ type Model struct {
 // NewModel builds a model with no usage. A GPU UUID seen twice is kept on
 // its first node only (see Warnings).
 func NewModel(nodes []Node) *Model {
-	m := &Model{byUUID: map[string]int32{}, levels: map[string]*levelIndex{}, orders: map[string]*staticOrder{}}
+	total := 0
+	for i := range nodes {
+		total += len(nodes[i].GPUs)
+	}
+	m := &Model{byUUID: make(map[string]int32, total), levels: map[string]*levelIndex{}, orders: map[string]*staticOrder{},
+		nodes: make([]nodeInfo, 0, len(nodes)), gpus: make([]gpuState, 0, total), info: make([]GPU, 0, total)}
 	nodes = append([]Node(nil), nodes...) // the model keeps pointers into it
 	for i := range nodes {
 		n := &nodes[i]
