@@ -6,6 +6,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"net/http"
 	"os"
 
 	"k8s.io/apimachinery/pkg/runtime"
@@ -26,20 +27,33 @@ import (
 	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
 	"github.com/gpupack/gpupack/cmd/internal/version"
 	"github.com/gpupack/gpupack/preemption"
+	"github.com/gpupack/gpupack/webhooks"
+	"github.com/gpupack/gpupack/webhooks/placement"
 )
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
 
 func main() {
 	var (
-		metricsAddr   = flag.String("metrics-bind-address", ":8080", "metrics endpoint (0 disables)")
-		probeAddr     = flag.String("health-probe-bind-address", ":8081", "health probe endpoint")
-		leaderElect   = flag.Bool("leader-elect", true, "elect a leader so only one replica decides (required with more than one replica)")
-		leaderNS      = flag.String("leader-election-namespace", "", "namespace of the leader election lease (default: in-cluster namespace)")
-		webhookPort   = flag.Int("webhook-port", 9443, "webhook server port")
-		certDir       = flag.String("cert-dir", "/tmp/k8s-webhook-server/serving-certs", "webhook serving certificate directory")
-		enableCheck   = flag.Bool("enable-gang-fit", true, "run the gpupack.io/gang-fit admission check")
-		enablePreempt = flag.Bool("enable-preemption", true, "run the preemption coordinator")
-		evictionHook  = flag.Bool("enable-eviction-webhook", false, "serve the pods/eviction webhook that delays drains of checkpointing pods")
-		showVersion   = flag.Bool("version", false, "print the version and exit")
+		metricsAddr    = flag.String("metrics-bind-address", ":8080", "metrics endpoint (0 disables)")
+		probeAddr      = flag.String("health-probe-bind-address", ":8081", "health probe endpoint")
+		leaderElect    = flag.Bool("leader-elect", true, "elect a leader so only one replica decides (required with more than one replica)")
+		leaderNS       = flag.String("leader-election-namespace", "", "namespace of the leader election lease (default: in-cluster namespace)")
+		webhookPort    = flag.Int("webhook-port", 9443, "webhook server port")
+		certDir        = flag.String("cert-dir", "/tmp/k8s-webhook-server/serving-certs", "webhook serving certificate directory")
+		enableCheck    = flag.Bool("enable-gang-fit", true, "run the gpupack.io/gang-fit admission check")
+		enablePreempt  = flag.Bool("enable-preemption", true, "run the preemption coordinator")
+		evictionHook   = flag.Bool("enable-eviction-webhook", false, "serve the pods/eviction webhook that delays drains of checkpointing pods")
+		enableWebhooks = flag.Bool("enable-webhooks", true, "serve the fractional-GPU mutating/validating webhooks and run the placement ungater")
+		webhookConfig  = flag.String("webhook-config", "", "webhook configuration file (YAML; see docs/webhooks.md); empty = defaults")
+		certMode       = flag.String("cert-management", "internal", "webhook certificates: internal (cert-controller rotates them and injects the CA) or external (cert-manager or files in --cert-dir)")
+		namespace      = flag.String("namespace", envOr("POD_NAMESPACE", "gpupack-system"), "namespace gpupack runs in")
+		showVersion    = flag.Bool("version", false, "print the version and exit")
 	)
 	zopts := zap.Options{}
 	zopts.BindFlags(flag.CommandLine)
@@ -73,6 +87,36 @@ func main() {
 		log.Error(err, "creating manager")
 		os.Exit(1)
 	}
+	certsReady := make(chan struct{})
+	if *enableWebhooks {
+		cfg, err := webhooks.LoadConfig(*webhookConfig)
+		if err != nil {
+			log.Error(err, "reading webhook configuration")
+			os.Exit(1)
+		}
+		if *certMode == "internal" {
+			serve := webhooks.DefaultServeOptions()
+			serve.Namespace = *namespace
+			ready, err := webhooks.SetupCerts(mgr, webhooks.CertOptions{ServeOptions: serve, SecretName: "gpupack-webhook-cert", CertDir: *certDir, RequireLeaderElection: *leaderElect})
+			if err != nil {
+				log.Error(err, "setting up webhook certificates")
+				os.Exit(1)
+			}
+			go func() { <-ready; close(certsReady) }()
+		} else {
+			close(certsReady)
+		}
+		if err := webhooks.Setup(mgr, cfg); err != nil {
+			log.Error(err, "setting up webhooks")
+			os.Exit(1)
+		}
+		if err := placement.Setup(mgr); err != nil {
+			log.Error(err, "setting up the placement ungater")
+			os.Exit(1)
+		}
+	} else {
+		close(certsReady)
+	}
 	if *enableCheck {
 		if err := admissioncheck.Setup(mgr, admissioncheck.Options{}); err != nil {
 			log.Error(err, "setting up the gang-fit check")
@@ -86,7 +130,16 @@ func main() {
 		}
 	}
 	utilruntime.Must(mgr.AddHealthzCheck("healthz", healthz.Ping))
-	utilruntime.Must(mgr.AddReadyzCheck("readyz", healthz.Ping))
+	// Ready once the webhook certificates are on disk: the Service must not
+	// route admission calls to a server that cannot answer TLS yet.
+	utilruntime.Must(mgr.AddReadyzCheck("readyz", func(_ *http.Request) error {
+		select {
+		case <-certsReady:
+			return nil
+		default:
+			return fmt.Errorf("webhook certificates not ready")
+		}
+	}))
 	if err := mgr.Start(ctrl.SetupSignalHandler()); err != nil {
 		log.Error(err, "manager exited")
 		os.Exit(1)
