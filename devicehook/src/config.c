@@ -123,11 +123,44 @@ static const char *env_get(char *const *envp, const char *key)
 	return NULL;
 }
 
+/* "<prefix><digits>=" with digits < GP_MAX_DEV: the device index, else -1. */
+static int dev_key(const char *kv, const char *prefix, const char **val)
+{
+	size_t n = strlen(prefix);
+	if (strncmp(kv, prefix, n))
+		return -1;
+	const char *p = kv + n;
+	if (!isdigit((unsigned char)p[0]))
+		return -1;
+	int i = p[0] - '0';
+	p++;
+	if (isdigit((unsigned char)*p) && i != 0) {
+		i = i * 10 + (*p - '0');
+		p++;
+	}
+	if (*p != '=' || i >= GP_MAX_DEV)
+		return -1;
+	*val = p + 1;
+	return i;
+}
+
 void gp_config_from_env(struct gp_config *c, char *const *envp)
 {
 	memset(c, 0, sizeof *c);
 	const char *v;
 	char key[64];
+	/* One pass for the per-device keys (the first occurrence wins, as
+	 * with getenv); init cost matters when 64 processes start at once. */
+	const char *mem_dev[GP_MAX_DEV] = {0}, *sm_dev[GP_MAX_DEV] = {0};
+	for (char *const *e = envp; e && *e; e++) {
+		if ((*e)[0] != 'C')
+			continue;
+		int i;
+		if ((i = dev_key(*e, "CUDA_DEVICE_MEMORY_LIMIT_", &v)) >= 0 && !mem_dev[i])
+			mem_dev[i] = v;
+		else if ((i = dev_key(*e, "CUDA_DEVICE_SM_LIMIT_", &v)) >= 0 && !sm_dev[i])
+			sm_dev[i] = v;
+	}
 
 	c->log_level = GP_LOG_WARN;
 	if ((v = env_get(envp, "LIBCUDA_LOG_LEVEL")) != NULL) {
@@ -159,9 +192,9 @@ void gp_config_from_env(struct gp_config *c, char *const *envp)
 	}
 	for (int i = 0; i < GP_MAX_DEV; i++) {
 		c->mem_limit[i] = generic_bad ? 0 : generic;
-		snprintf(key, sizeof key, "CUDA_DEVICE_MEMORY_LIMIT_%d", i);
-		if ((v = env_get(envp, key)) == NULL)
+		if ((v = mem_dev[i]) == NULL)
 			continue;
+		snprintf(key, sizeof key, "CUDA_DEVICE_MEMORY_LIMIT_%d", i);
 		uint64_t b;
 		if (gp_parse_size(v, &b) == 0)
 			c->mem_limit[i] = b == 0 ? GP_UNLIMITED : b;
@@ -179,8 +212,8 @@ void gp_config_from_env(struct gp_config *c, char *const *envp)
 	}
 	for (int i = 0; i < GP_MAX_DEV; i++) {
 		c->sm_limit[i] = sm_generic;
-		snprintf(key, sizeof key, "CUDA_DEVICE_SM_LIMIT_%d", i);
-		if ((v = env_get(envp, key)) != NULL) {
+		if ((v = sm_dev[i]) != NULL) {
+			snprintf(key, sizeof key, "CUDA_DEVICE_SM_LIMIT_%d", i);
 			int p;
 			if (gp_parse_percent(v, &p) == 0)
 				c->sm_limit[i] = p;
