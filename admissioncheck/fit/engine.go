@@ -312,21 +312,35 @@ func (m *Model) Fit(g Gang, o Options) Result {
 			return res
 		}
 	}
-	// Not fitting: explain every domain, closest first.
+	// Not fitting: count what fits in every domain, then explain the closest
+	// ones in words (the text costs more than the counting).
+	index := map[string]int{}
 	for di, d := range li.domains {
+		index[d.name] = di
 		rep, ok := reports[di]
 		if !ok {
-			s := m.newScratch(d, reqs, o)
-			rep = s.capacityReport()
-			if tried >= o.MaxDomains && aggregateOK(d, reqs) && rep.Constraint == "" {
-				rep.Constraint = fmt.Sprintf("not tried: only %d domains are dry-run per decision (search.maxDomains)", o.MaxDomains)
-			}
+			rep = m.newScratch(d, reqs, o).capacityReport(false)
 		}
 		res.Domains = append(res.Domains, rep)
 	}
 	slices.SortStableFunc(res.Domains, func(a, b DomainReport) int {
 		return cmp.Or(cmp.Compare(b.PodsFit, a.PodsFit), strings.Compare(a.Domain, b.Domain))
 	})
+	for i := range res.Domains {
+		rep := &res.Domains[i]
+		if rep.Constraint != "" {
+			continue
+		}
+		if i >= maxExplained {
+			rep.Constraint = fmt.Sprintf("not analysed further (only the %d closest domains are)", maxExplained)
+			continue
+		}
+		d := li.domains[index[rep.Domain]]
+		*rep = m.newScratch(d, reqs, o).capacityReport(true)
+		if rep.Constraint == "" && tried >= o.MaxDomains && aggregateOK(d, reqs) {
+			rep.Constraint = fmt.Sprintf("not tried: only %d domains are dry-run per decision (search.maxDomains)", o.MaxDomains)
+		}
+	}
 	res.Reasons = m.reasons(res.Domains, li, reqs, o)
 	return res
 }
@@ -650,8 +664,13 @@ func (s *scratch) labels() string {
 	return strings.Join(names, ", ")
 }
 
-// capacityReport describes a domain without searching it.
-func (s *scratch) capacityReport() DomainReport {
+// maxExplained bounds the domains whose binding constraint is put in words
+// when nothing fits; the others get their pod counts only.
+const maxExplained = 16
+
+// capacityReport describes a domain without searching it: how many pods fit
+// (each pod set alone, or the joint estimate) and, with explain, why not.
+func (s *scratch) capacityReport(explain bool) DomainReport {
 	rep := DomainReport{Domain: s.name}
 	failing := -1
 	for j, r := range s.reqs {
@@ -662,10 +681,14 @@ func (s *scratch) capacityReport() DomainReport {
 			failing = j
 		}
 	}
-	if failing >= 0 {
+	switch {
+	case !explain:
+	case failing >= 0:
 		rep.Constraint = s.constraint(failing)
-	} else if ok, why, fit := s.jointOK(0, true); !ok {
-		rep.PodsFit, rep.Constraint = fit, why
+	default:
+		if ok, why, fit := s.jointOK(0, true); !ok {
+			rep.PodsFit, rep.Constraint = fit, why
+		}
 	}
 	return rep
 }

@@ -141,5 +141,7 @@ type DomainReport struct {
 	// placed together (or the per-pod-set capacity when it was not searched).
 	PodsFit, PodsWanted int
 	// Constraint is the binding constraint in plain words; "" when it fits.
+	// When nothing fits, only the 16 closest domains are analysed in words;
+	// the others say so.
 	Constraint string
 }
