@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp"
 )
 
 type holder struct {
@@ -131,4 +133,30 @@ func TestSIGKILLMidAllocationIsReclaimed(t *testing.T) {
 		t.Errorf("a process waited %v after a SIGKILL, want under 1 s", worst)
 	}
 	t.Logf("worst time to fill the limit after a SIGKILL: %v", worst)
+}
+
+// A forked child is a process of its own: it owns none of the parent's
+// allocations, gets its own slot in a shared cache (so parent and child
+// share the limit), and its exit gives its share back.
+func TestForkedChildAccounting(t *testing.T) {
+	const chunk = 4 * mib
+	cases := []struct {
+		name   string
+		shared bool
+		want   map[string]string
+	}{
+		{"shared cache", true, map[string]string{"child": "8", "parent_extra": "8", "child_status": "0"}},
+		{"private accounting", false, map[string]string{"child": "16", "parent_extra": "8", "child_status": "0"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e := env{"FAKECUDA_MEM": fmt.Sprint(1 * gib), "CUDA_DEVICE_MEMORY_LIMIT": "64m"}
+			if c.shared {
+				e["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = filepath.Join(t.TempDir(), "cache")
+			}
+			if d := cmp.Diff(c.want, run(t, e.hooked(), "gpa", "fork", fmt.Sprint(chunk))); d != "" {
+				t.Errorf("(-want +got):\n%s", d)
+			}
+		})
+	}
 }

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "../src/cuda_types.h"
@@ -300,6 +301,34 @@ static int cmd_poolhold(uint64_t chunk, int k)
 	return 0;
 }
 
+/* fork CHUNK: the parent holds 8 chunks and forks; the child allocates
+ * until refused and exits; then the parent does. */
+static int cmd_fork(uint64_t chunk)
+{
+	ctx(0);
+	for (int i = 0; i < 8; i++)
+		if (a_mem(chunk, &handles[i]))
+			die("cuMemAlloc_v2", i);
+	fflush(stdout);
+	pid_t pid = fork();
+	if (pid < 0)
+		die("fork", errno);
+	if (pid == 0) {
+		int n = 0;
+		while (n < MAXH && a_mem(chunk, &handles[n]) == 0)
+			n++;
+		printf("child=%d\n", n);
+		exit(0);
+	}
+	int st;
+	waitpid(pid, &st, 0);
+	int n = 8;
+	while (n < MAXH && a_mem(chunk, &handles[n]) == 0)
+		n++;
+	printf("parent_extra=%d child_status=%d\n", n - 8, st);
+	return 0;
+}
+
 /* query ALLOC: virtualised memory figures after allocating ALLOC bytes. */
 static int cmd_query(uint64_t alloc)
 {
@@ -509,6 +538,8 @@ int main(int argc, char **argv)
 		return cmd_family(argv[3], strtoull(argv[4], NULL, 10));
 	if (!strcmp(c, "poolhold") && argc > 4)
 		return cmd_poolhold(a, atoi(argv[4]));
+	if (!strcmp(c, "fork"))
+		return cmd_fork(a);
 	if (!strcmp(c, "query"))
 		return cmd_query(a);
 	if (!strcmp(c, "hold"))
