@@ -73,3 +73,16 @@ func TestSMLimiterCoversEveryLaunchAPI(t *testing.T) {
 		t.Errorf("unthrottled process used only %.1f%% of an idle device", got)
 	}
 }
+
+// Two processes of one container (one shared cache file) share its SM
+// limit: together they get 30 %, not 30 % each.
+func TestSMLimitIsPerContainer(t *testing.T) {
+	cache := filepath.Join(t.TempDir(), "cache")
+	e := limited(30)
+	e["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = cache
+	got := launchUtil(t, "kernel", 3, 1, e, e)
+	t.Logf("two processes of one container at 30%%: %.1f + %.1f", got[0], got[1])
+	if sum := got[0] + got[1]; math.Abs(sum-30) > 5 {
+		t.Errorf("a container limited to 30%% used %.1f%% of the device (%.1f + %.1f)", sum, got[0], got[1])
+	}
+}
