@@ -144,3 +144,39 @@ func TestDecide(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkDecide: one bypass decision for 8 GPUs × 16 processes.
+func BenchmarkDecide(b *testing.B) {
+	pods := map[types.UID]Pod{}
+	var procs []Proc
+	for i := range 128 {
+		uid := types.UID("pod-" + string(rune('a'+i%32)))
+		gpu := "G" + string(rune('0'+i%8))
+		if _, ok := pods[uid]; !ok {
+			pods[uid] = Pod{UID: uid, Key: types.NamespacedName{Namespace: "ns", Name: string(uid)}, Limits: map[string]int64{}}
+		}
+		pods[uid].Limits[gpu] = 10000
+		procs = append(procs, Proc{PID: uint32(i), GPU: gpu, UsedMiB: 4000, Pod: uid})
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		Decide(Input{Procs: procs, Pods: pods, AllowanceMiB: 512})
+	}
+}
+
+// BenchmarkParseRegion: reading one container's accounting file (the full
+// 1024-slot region, 8 slots in use).
+func BenchmarkParseRegion(b *testing.B) {
+	slots := make([][]uint64, 8)
+	for i := range slots {
+		slots[i] = []uint64{1 << 30, 2 << 30}
+	}
+	buf := EncodeRegion(slots)
+	b.SetBytes(int64(len(buf)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := ParseRegion(buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

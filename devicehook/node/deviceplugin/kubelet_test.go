@@ -2,7 +2,6 @@ package deviceplugin
 
 import (
 	"context"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,98 +11,13 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	v1alpha1 "github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
+	"github.com/gpupack/gpupack/devicehook/node/deviceplugin/kubelettest"
 	"github.com/gpupack/gpupack/devicehook/node/metrics"
 )
-
-// fakeKubelet is the kubelet's side of the device-plugin protocol: a
-// Registration server on kubelet.sock that, like the real device manager,
-// dials the plugin back and keeps its ListAndWatch stream.
-type fakeKubelet struct {
-	pluginapi.UnimplementedRegistrationServer
-	dir string
-	srv *grpc.Server
-
-	mu      sync.Mutex
-	regs    []*pluginapi.RegisterRequest
-	client  pluginapi.DevicePluginClient
-	devices []*pluginapi.Device
-	updates chan []*pluginapi.Device
-}
-
-func startKubelet(t *testing.T, dir string) *fakeKubelet {
-	t.Helper()
-	k := &fakeKubelet{dir: dir, updates: make(chan []*pluginapi.Device, 16)}
-	l, err := net.Listen("unix", filepath.Join(dir, "kubelet.sock"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	k.srv = grpc.NewServer()
-	pluginapi.RegisterRegistrationServer(k.srv, k)
-	go func() { _ = k.srv.Serve(l) }()
-	return k
-}
-
-func (k *fakeKubelet) Register(_ context.Context, r *pluginapi.RegisterRequest) (*pluginapi.Empty, error) {
-	conn, err := grpc.NewClient("unix://"+filepath.Join(k.dir, r.Endpoint), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return nil, err
-	}
-	c := pluginapi.NewDevicePluginClient(conn)
-	k.mu.Lock()
-	k.regs = append(k.regs, r)
-	k.client = c
-	k.mu.Unlock()
-	go func() {
-		s, err := c.ListAndWatch(context.Background(), &pluginapi.Empty{})
-		if err != nil {
-			return
-		}
-		for {
-			resp, err := s.Recv()
-			if err != nil {
-				return
-			}
-			k.mu.Lock()
-			k.devices = resp.Devices
-			k.mu.Unlock()
-			k.updates <- resp.Devices
-		}
-	}()
-	return &pluginapi.Empty{}, nil
-}
-
-// restart does what a kubelet restart does to the plugin directory: stop
-// serving, delete every socket, serve a new kubelet.sock.
-func (k *fakeKubelet) restart(t *testing.T) *fakeKubelet {
-	k.srv.Stop()
-	ents, _ := os.ReadDir(k.dir)
-	for _, e := range ents {
-		_ = os.Remove(filepath.Join(k.dir, e.Name()))
-	}
-	nk := startKubelet(t, k.dir)
-	k.mu.Lock()
-	nk.regs = append(nk.regs, k.regs...)
-	k.mu.Unlock()
-	return nk
-}
-
-func (k *fakeKubelet) registrations() int {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	return len(k.regs)
-}
-
-func (k *fakeKubelet) plugin() pluginapi.DevicePluginClient {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	return k.client
-}
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
@@ -114,23 +28,6 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-// allocate plays the kubelet's device manager for one container: ask for a
-// preference among the available slots, then Allocate what it got.
-func allocate(ctx context.Context, c pluginapi.DevicePluginClient, available []string, size int) (*pluginapi.ContainerAllocateResponse, []string, error) {
-	pref, err := c.GetPreferredAllocation(ctx, &pluginapi.PreferredAllocationRequest{ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{
-		{AvailableDeviceIDs: available, AllocationSize: int32(size)},
-	}})
-	if err != nil {
-		return nil, nil, err
-	}
-	ids := pref.ContainerResponses[0].DeviceIDs
-	resp, err := c.Allocate(ctx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: ids}}})
-	if err != nil {
-		return nil, ids, err
-	}
-	return resp.ContainerResponses[0], ids, nil
 }
 
 type podSlice struct {
@@ -157,7 +54,7 @@ func TestPluginWithFakeKubelet(t *testing.T) {
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	cache := t.TempDir()
-	kubelet := startKubelet(t, dir)
+	kubelet := kubelettest.Start(t, dir)
 	pods := &podSlice{}
 	reg := prometheus.NewRegistry()
 	m := metrics.New(reg)
@@ -180,25 +77,17 @@ func TestPluginWithFakeKubelet(t *testing.T) {
 		<-done
 	})
 
-	waitFor(t, "registration", func() bool { return kubelet.registrations() == 1 && kubelet.plugin() != nil })
-	rr := kubelet.regs[0]
+	waitFor(t, "registration", func() bool { return len(kubelet.Registrations()) == 1 && kubelet.Plugin(v1alpha1.ResourceVGPU) != nil })
+	rr := kubelet.Registrations()[0]
 	if rr.ResourceName != v1alpha1.ResourceVGPU || rr.Endpoint != "gpupack-vgpu.sock" || !rr.Options.GetPreferredAllocationAvailable {
 		t.Errorf("register request = %+v", rr)
 	}
-	devs := <-kubelet.updates
-	if len(devs) != 12 {
-		t.Fatalf("advertised %d slots, want 3 GPUs × 4", len(devs))
-	}
-	var available []string
-	for _, d := range devs {
-		available = append(available, d.ID)
-	}
-	c := kubelet.plugin()
+	waitFor(t, "device list", func() bool { return len(kubelet.Devices(v1alpha1.ResourceVGPU)) == 12 })
 
 	t.Run("Allocate returns exactly the planned GPUs", func(t *testing.T) {
 		// Planned on GPUs c and a (listed out of index order on purpose).
 		pods.add(makePod("train").Devices("GPU-c:30000,GPU-a:20000").Container("main", 2).Obj())
-		r, ids, err := allocate(ctx, c, available, 2)
+		r, ids, err := kubelet.Allocate(ctx, v1alpha1.ResourceVGPU, 2)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -232,7 +121,7 @@ func TestPluginWithFakeKubelet(t *testing.T) {
 
 	t.Run("a pod without a plan gets a clear error", func(t *testing.T) {
 		pods.add(makePod("rogue").Container("main", 1).Obj())
-		_, _, err := allocate(ctx, c, available, 1)
+		_, _, err := kubelet.Allocate(ctx, v1alpha1.ResourceVGPU, 1)
 		if err == nil || !strings.Contains(err.Error(), "no planned pod is waiting for GPUs here") {
 			t.Fatalf("err = %v, want a clear refusal", err)
 		}
@@ -242,14 +131,16 @@ func TestPluginWithFakeKubelet(t *testing.T) {
 		sick := append([]v1alpha1.GPUInfo(nil), gpus...)
 		sick[1].Health = v1alpha1.GPUUnhealthy
 		p.SetGPUs(sick)
-		var got []*pluginapi.Device
-		select {
-		case got = <-kubelet.updates:
-		case <-time.After(5 * time.Second):
-			t.Fatal("no ListAndWatch update")
-		}
+		waitFor(t, "ListAndWatch update", func() bool {
+			for _, d := range kubelet.Devices(v1alpha1.ResourceVGPU) {
+				if d.Health == pluginapi.Unhealthy {
+					return true
+				}
+			}
+			return false
+		})
 		unhealthy := 0
-		for _, d := range got {
+		for _, d := range kubelet.Devices(v1alpha1.ResourceVGPU) {
 			if d.Health == pluginapi.Unhealthy {
 				unhealthy++
 				if !strings.HasPrefix(d.ID, "GPU-b::") {
@@ -263,14 +154,16 @@ func TestPluginWithFakeKubelet(t *testing.T) {
 	})
 
 	t.Run("re-registers after a kubelet restart", func(t *testing.T) {
-		kubelet = kubelet.restart(t)
-		waitFor(t, "re-registration", func() bool { return kubelet.registrations() == 2 && kubelet.plugin() != nil })
+		kubelet.Restart(t)
+		waitFor(t, "re-registration", func() bool {
+			return len(kubelet.Registrations()) == 2 && kubelet.Plugin(v1alpha1.ResourceVGPU) != nil && len(kubelet.Devices(v1alpha1.ResourceVGPU)) == 12
+		})
 		if p.Registrations() != 2 {
 			t.Errorf("plugin registrations = %d, want 2", p.Registrations())
 		}
 		// The new connection serves Allocate.
 		pods.add(makePod("after").Devices("GPU-c:1000").Container("main", 1).Created(time.Hour).Obj())
-		r, _, err := allocate(ctx, kubelet.plugin(), available, 1)
+		r, _, err := kubelet.Allocate(ctx, v1alpha1.ResourceVGPU, 1)
 		if err != nil {
 			t.Fatal(err)
 		}

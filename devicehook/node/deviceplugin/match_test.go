@@ -1,6 +1,7 @@
 package deviceplugin
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -176,4 +177,22 @@ func FuzzSlotGPU(f *testing.F) {
 			t.Fatalf("SlotGPU(%q) = %q", s, g)
 		}
 	})
+}
+
+// BenchmarkMatch: one Allocate decision on a busy node (500 pods, 8 GPUs,
+// the planned pod is the newest).
+func BenchmarkMatch(b *testing.B) {
+	var pods []*corev1.Pod
+	for i := range 500 {
+		g := "G" + strconv.Itoa(i%8)
+		pods = append(pods, makePod("p"+strconv.Itoa(i)).Devices(g+":1000").Container("main", 1).Started("main").Created(time.Duration(i)*time.Second).Obj())
+	}
+	pods = append(pods, makePod("new").Devices("G3:1000,G5:1000").Container("main", 2).Created(time.Hour).Obj())
+	alloc := map[types.UID]int{}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := Match([]string{"G3::1", "G5::2"}, pods, "n1", vgpu, alloc); err != nil {
+			b.Fatal(err)
+		}
+	}
 }

@@ -179,3 +179,24 @@ func TestPublishReplacesMalformedAnnotation(t *testing.T) {
 		t.Errorf("malformed=%v patched=%v; want the error reported and the annotation replaced", res.PreviousMalformed, res.MetadataPatched)
 	}
 }
+
+// BenchmarkReadAndDiff: one inventory pass without the API round trip:
+// NVML reads of an 8-GPU box, merge, capacity, and the change check.
+func BenchmarkReadAndDiff(b *testing.B) {
+	hw := nvmlfake.DGXH100()
+	now, _ := Read(hw, ReadOptions{})
+	st := Desired(now, nil, "n1", flavors.DefaultBuffer(), 10)
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Labels: map[string]string{v1alpha1.LabelNVLinkDomain: st.Domain}, Annotations: map[string]string{v1alpha1.AnnotationGPUs: v1alpha1.FormatGPUs(st.GPUs)}}}
+	b.ReportAllocs()
+	for b.Loop() {
+		now, err := Read(hw, ReadOptions{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		prev, _ := v1alpha1.ParseGPUs(node.Annotations[v1alpha1.AnnotationGPUs])
+		st := Desired(now, prev, "n1", flavors.DefaultBuffer(), 10)
+		if m, _ := Diff(node, st); m != nil {
+			b.Fatal("unexpected change")
+		}
+	}
+}

@@ -1,0 +1,306 @@
+// Package node runs gpupack-node's agent (with go-nvml's mocked DGX/NVL
+// hardware standing in for the driver) against a real kube-apiserver: the
+// inventory it publishes, a GPU health change, capacity the kubelet reset,
+// and a bypass that ends in an Event, a metric and an eviction.
+package node
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	v1alpha1 "github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
+	"github.com/gpupack/gpupack/devicehook/node/agent"
+	"github.com/gpupack/gpupack/devicehook/node/bypass"
+	"github.com/gpupack/gpupack/devicehook/node/deviceplugin/kubelettest"
+	"github.com/gpupack/gpupack/devicehook/node/metrics"
+	"github.com/gpupack/gpupack/devicehook/node/nvmlfake"
+	"github.com/gpupack/gpupack/flavors"
+	"github.com/gpupack/gpupack/test/framework"
+)
+
+const nodeName = "gpu-node-1"
+
+func startAgent(t *testing.T, env *framework.Env, hw *nvmlfake.Node, policy bypass.Policy, pluginDir string) (*agent.Agent, string) {
+	t.Helper()
+	proc := t.TempDir()
+	o := agent.DefaultOptions()
+	o.NodeName, o.SlotsPerGPU = nodeName, 4
+	o.DevicePlugin, o.PluginDir = pluginDir != "", pluginDir
+	o.MetricsAddr = ""
+	o.ProcRoot, o.CacheDir = proc, t.TempDir()
+	o.BypassPolicy, o.BypassInterval, o.PublishInterval = policy, 100*time.Millisecond, 200*time.Millisecond
+	a := agent.New(o, hw, env.Clientset)
+	ctx, cancel := context.WithCancel(env.Ctx)
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("agent: %v", err)
+		}
+	})
+	return a, proc
+}
+
+func getNode(env *framework.Env) (*corev1.Node, error) {
+	return env.Clientset.CoreV1().Nodes().Get(env.Ctx, nodeName, metav1.GetOptions{})
+}
+
+func capacity(n *corev1.Node, name string) int64 {
+	q := n.Status.Capacity[corev1.ResourceName(name)]
+	return q.Value()
+}
+
+func events(env *framework.Env, ns, reason string, involved types.UID) []corev1.Event {
+	list, err := env.Clientset.CoreV1().Events(ns).List(env.Ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil
+	}
+	var out []corev1.Event
+	for _, e := range list.Items {
+		if e.Reason == reason && (involved == "" || e.InvolvedObject.UID == involved) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+func TestNodeAgent(t *testing.T) {
+	env := framework.Start(t, framework.Options{NoKueue: true})
+	env.MustCreate(t, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName}})
+	hw := nvmlfake.DGXH100()
+	pluginDir, err := os.MkdirTemp("", "dp") // short: unix socket paths are limited to 108 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(pluginDir) })
+	kubelet := kubelettest.Start(t, pluginDir)
+	a, proc := startAgent(t, env, hw, bypass.PolicyEvict, pluginDir)
+	alloc := flavors.DefaultBuffer().Allocatable(81920)
+
+	t.Run("publishes inventory", func(t *testing.T) {
+		env.Eventually(t, 20*time.Second, "inventory on the node", func() (bool, string) {
+			n, err := getNode(env)
+			if err != nil {
+				return false, err.Error()
+			}
+			gpus, err := v1alpha1.ParseGPUs(n.Annotations[v1alpha1.AnnotationGPUs])
+			if err != nil {
+				return false, err.Error()
+			}
+			if len(gpus) != 8 || capacity(n, v1alpha1.ResourceGPUMemory) != 8*alloc {
+				return false, fmt.Sprintf("%d GPUs, gpu-memory %d", len(gpus), capacity(n, v1alpha1.ResourceGPUMemory))
+			}
+			return true, ""
+		})
+		n, _ := getNode(env)
+		gpus, _ := v1alpha1.ParseGPUs(n.Annotations[v1alpha1.AnnotationGPUs])
+		for i, g := range gpus {
+			want := v1alpha1.GPUInfo{UUID: hw.GPUs[i].UUID(), Index: i, Model: "NVIDIA H100 80GB HBM3", MemoryMiB: 81920, SMCount: 132, NVLinkDomain: nodeName, NUMA: i / 4, Health: v1alpha1.GPUHealthy}
+			if g != want {
+				t.Errorf("GPU %d = %+v, want %+v", i, g, want)
+			}
+		}
+		if got := n.Labels[v1alpha1.LabelNVLinkDomain]; got != nodeName {
+			t.Errorf("nvlink-domain label = %q, want %q (HGX: NVLink ends at the node)", got, nodeName)
+		}
+		if v, c := capacity(n, v1alpha1.ResourceVGPU), capacity(n, v1alpha1.ResourceGPUCores); v != 32 || c != 800 {
+			t.Errorf("vgpu %d, gpu-cores %d; want 32, 800", v, c)
+		}
+		// Nothing changes: the agent writes nothing more.
+		rv := n.ResourceVersion
+		time.Sleep(time.Second) // five publish intervals
+		if n2, _ := getNode(env); n2.ResourceVersion != rv {
+			t.Errorf("node rewritten without a change (resourceVersion %s → %s)", rv, n2.ResourceVersion)
+		}
+	})
+
+	t.Run("a GPU health change is reflected", func(t *testing.T) {
+		hw.GPUs[3].Set(func(g *nvmlfake.GPU) { g.RemapFail = true })
+		env.Eventually(t, 20*time.Second, "GPU 3 unhealthy", func() (bool, string) {
+			n, _ := getNode(env)
+			gpus, err := v1alpha1.ParseGPUs(n.Annotations[v1alpha1.AnnotationGPUs])
+			if err != nil || len(gpus) != 8 {
+				return false, fmt.Sprint(err)
+			}
+			if gpus[3].Health != v1alpha1.GPUUnhealthy || capacity(n, v1alpha1.ResourceGPUCores) != 700 || capacity(n, v1alpha1.ResourceGPUMemory) != 7*alloc {
+				return false, fmt.Sprintf("GPU 3 %s, cores %d", gpus[3].Health, capacity(n, v1alpha1.ResourceGPUCores))
+			}
+			return true, ""
+		})
+		env.Eventually(t, 20*time.Second, "GPUUnhealthy event on the node", func() (bool, string) {
+			evs := events(env, "default", "GPUUnhealthy", "")
+			for _, e := range evs {
+				if e.InvolvedObject.Kind == "Node" && e.InvolvedObject.Name == nodeName && strings.Contains(e.Message, "row remapping failed") {
+					return true, ""
+				}
+			}
+			return false, fmt.Sprintf("%d events", len(evs))
+		})
+		hw.GPUs[3].Set(func(g *nvmlfake.GPU) { g.RemapFail = false })
+		env.Eventually(t, 20*time.Second, "GPU 3 healthy again", func() (bool, string) {
+			n, _ := getNode(env)
+			return capacity(n, v1alpha1.ResourceGPUCores) == 800, ""
+		})
+	})
+
+	t.Run("capacity the kubelet reset is restored", func(t *testing.T) {
+		n, _ := getNode(env)
+		for _, r := range []string{v1alpha1.ResourceGPUMemory, v1alpha1.ResourceVGPU, v1alpha1.ResourceGPUCores} {
+			n.Status.Capacity[corev1.ResourceName(r)] = resource.MustParse("0")
+			n.Status.Allocatable[corev1.ResourceName(r)] = resource.MustParse("0")
+		}
+		if _, err := env.Clientset.CoreV1().Nodes().UpdateStatus(env.Ctx, n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		env.Eventually(t, 20*time.Second, "capacity re-published", func() (bool, string) {
+			n, _ := getNode(env)
+			q := n.Status.Allocatable[v1alpha1.ResourceGPUMemory]
+			return capacity(n, v1alpha1.ResourceGPUMemory) == 8*alloc && q.Value() == 8*alloc, ""
+		})
+	})
+
+	t.Run("the device plugin hands a container its planned GPUs", func(t *testing.T) {
+		env.Eventually(t, 20*time.Second, "plugin registered with all slots", func() (bool, string) {
+			n := len(kubelet.Devices(v1alpha1.ResourceVGPU))
+			return n == 32, fmt.Sprintf("%d slots", n)
+		})
+		ns := env.Namespace(t, "plugin")
+		g5, g6 := hw.GPUs[5].UUID(), hw.GPUs[6].UUID()
+		planned := gpuPod("planned", ns, g6+":30000,"+g5+":20000", 2)
+		env.MustCreate(t, planned)
+		var r *pluginapi.ContainerAllocateResponse
+		env.Eventually(t, 20*time.Second, "Allocate for the planned pod", func() (bool, string) {
+			var err error
+			r, _, err = kubelet.Allocate(env.Ctx, v1alpha1.ResourceVGPU, 2)
+			return err == nil, fmt.Sprint(err)
+		})
+		want := map[string]string{
+			v1alpha1.EnvVisibleDevices:    g5 + "," + g6,
+			v1alpha1.EnvMemoryLimit + "_0": "20000m",
+			v1alpha1.EnvMemoryLimit + "_1": "30000m",
+			v1alpha1.EnvSharedCache:       v1alpha1.DefaultSharedCacheDir + "/main.cache",
+		}
+		if d := cmp.Diff(want, r.Envs); d != "" {
+			t.Errorf("envs (-want +got):\n%s", d)
+		}
+		env.MustCreate(t, gpuPod("unplanned", ns, "", 1))
+		_, _, err := kubelet.Allocate(env.Ctx, v1alpha1.ResourceVGPU, 1)
+		if err == nil || !strings.Contains(err.Error(), "no planned pod is waiting for GPUs here") {
+			t.Errorf("unplanned pod: err = %v, want a clear refusal", err)
+		}
+	})
+
+	t.Run("a bypass ends in an Event, a metric and an eviction", func(t *testing.T) {
+		ns := env.Namespace(t, "team")
+		g0 := hw.GPUs[0].UUID()
+		pod := gpuPod("static-binary", ns, g0+":10000", 1)
+		env.MustCreate(t, pod)
+		// Process 4242 lives in the pod's cgroup and uses 20 GiB behind the hook.
+		writeCgroup(t, proc, 4242, pod.UID)
+		hw.GPUs[0].Set(func(g *nvmlfake.GPU) { g.Processes = []nvml.ProcessInfo{{Pid: 4242, UsedGpuMemory: 20000 << 20}} })
+
+		env.Eventually(t, 20*time.Second, "GPUMemoryOverLimit event on the pod", func() (bool, string) {
+			evs := events(env, ns, bypass.ReasonOverLimit, pod.UID)
+			if len(evs) == 0 {
+				return false, "none"
+			}
+			if !strings.Contains(evs[0].Message, "20000 MiB on GPU "+g0+", over the 10000 MiB planned") {
+				return false, evs[0].Message
+			}
+			return true, ""
+		})
+		if v, err := metrics.Value(a.Registry(), "gpupack_node_bypass_detections_total", map[string]string{"kind": metrics.KindOverLimit}); err != nil || v < 1 {
+			t.Errorf("bypass detections = %v, %v", v, err)
+		}
+		env.Eventually(t, 20*time.Second, "pod evicted", func() (bool, string) {
+			p, err := env.Clientset.CoreV1().Pods(ns).Get(env.Ctx, pod.Name, metav1.GetOptions{})
+			if apierrors.IsNotFound(err) {
+				return true, ""
+			}
+			if err != nil {
+				return false, err.Error()
+			}
+			return p.DeletionTimestamp != nil, "no deletionTimestamp"
+		})
+		if v, _ := metrics.Value(a.Registry(), "gpupack_node_bypass_evictions_total", map[string]string{}); v != 1 {
+			t.Errorf("evictions metric = %v, want 1", v)
+		}
+		if len(events(env, ns, bypass.ReasonEvicted, pod.UID)) == 0 {
+			t.Errorf("no %s event", bypass.ReasonEvicted)
+		}
+	})
+}
+
+// gpuPod is a pod bound to the agent's node asking for gpus vGPU slots,
+// planned on devices ("" = no plan).
+func gpuPod(name, ns, devices string, gpus int64) *corev1.Pod {
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Annotations: map[string]string{}},
+		Spec: corev1.PodSpec{NodeName: nodeName, Containers: []corev1.Container{{Name: "main", Image: "trainer", Resources: corev1.ResourceRequirements{
+			Limits: corev1.ResourceList{v1alpha1.ResourceVGPU: *resource.NewQuantity(gpus, resource.DecimalSI)},
+		}}}},
+	}
+	if devices != "" {
+		p.Annotations[v1alpha1.AnnotationDevices] = devices
+	}
+	return p
+}
+
+func writeCgroup(t *testing.T, procRoot string, pid int, uid types.UID) {
+	t.Helper()
+	dir := filepath.Join(procRoot, strconv.Itoa(pid))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cg := "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod" + strings.ReplaceAll(string(uid), "-", "_") + ".slice/cri-containerd-abc.scope\n"
+	if err := os.WriteFile(filepath.Join(dir, "cgroup"), []byte(cg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestPublishTwoCliques: agent.Publish (the one-pass entry point other
+// suites call) labels NVL trays by fabric clique through the real apiserver.
+func TestPublishTwoCliques(t *testing.T) {
+	env := framework.Start(t, framework.Options{NoKueue: true})
+	cluster := nvmlfake.ClusterUUID(0x5a)
+	trays := []struct {
+		name   string
+		clique uint32
+	}{{"tray-1", 1}, {"tray-2", 1}, {"tray-3", 2}}
+	for _, tr := range trays {
+		env.MustCreate(t, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: tr.name}})
+		if _, err := agent.Publish(env.Ctx, env.Clientset, nvmlfake.NVLTray(4, cluster, tr.clique), tr.name, flavors.DefaultBuffer(), 10); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := map[string]string{}
+	for _, tr := range trays {
+		n, err := env.Clientset.CoreV1().Nodes().Get(env.Ctx, tr.name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got[tr.name] = n.Labels[v1alpha1.LabelNVLinkDomain]
+		if c := capacity(n, v1alpha1.ResourceVGPU); c != 40 {
+			t.Errorf("%s vgpu capacity %d, want 40", tr.name, c)
+		}
+	}
+	if got["tray-1"] != got["tray-2"] || got["tray-1"] == got["tray-3"] || !strings.HasSuffix(got["tray-3"], "-2") {
+		t.Errorf("domains = %v; want tray-1 = tray-2 (clique 1) ≠ tray-3 (clique 2)", got)
+	}
+}
