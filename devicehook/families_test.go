@@ -268,3 +268,15 @@ func TestPoolGrowthPastTheLimitIsRefused(t *testing.T) {
 		}
 	}
 }
+
+// A VMM handle released while still mapped (NCCL does this) keeps its
+// memory alive: it stays charged until the last unmap.
+func TestVMMReleasedWhileMappedStaysCharged(t *testing.T) {
+	e := env{"FAKECUDA_MEM": fmt.Sprint(1 * gib), "CUDA_DEVICE_MEMORY_LIMIT": "64m"}.hooked()
+	for _, mode := range []string{"direct", "gpa"} {
+		kv := run(t, e, mode, "vmmmap", fmt.Sprint(4*mib))
+		if d := cmp.Diff(map[string]string{"mapped": "8", "unmapped": "16"}, kv); d != "" {
+			t.Errorf("via %s (-want +got):\n%s", mode, d)
+		}
+	}
+}

@@ -460,6 +460,13 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t n, const CUm
 	return CUDA_SUCCESS;
 }
 EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) { return raw_free((void *)(uintptr_t)h); }
+/* The fake does not model virtual address ranges: mapping always works. */
+EXPORT CUresult cuMemMap(CUdeviceptr va, size_t size, size_t off, CUmemGenericAllocationHandle h, unsigned long long f)
+{
+	(void)va; (void)size; (void)off; (void)h; (void)f;
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemUnmap(CUdeviceptr va, size_t size) { (void)va; (void)size; return CUDA_SUCCESS; }
 
 static unsigned fmt_bytes(int f)
 {
@@ -659,6 +666,7 @@ static const struct pa table[] = {
 	E("cuMemFree", 2000, cuMemFree), E("cuMemFree", 3020, cuMemFree_v2),
 	E("cuMemFreeAsync", 11020, cuMemFreeAsync), P("cuMemFreeAsync", 11020, cuMemFreeAsync_ptsz),
 	E("cuMemCreate", 10020, cuMemCreate), E("cuMemRelease", 10020, cuMemRelease),
+	E("cuMemMap", 10020, cuMemMap), E("cuMemUnmap", 10020, cuMemUnmap),
 	E("cuArrayCreate", 2000, cuArrayCreate), E("cuArrayCreate", 3020, cuArrayCreate_v2),
 	E("cuArray3DCreate", 2000, cuArray3DCreate), E("cuArray3DCreate", 3020, cuArray3DCreate_v2),
 	E("cuMipmappedArrayCreate", 5000, cuMipmappedArrayCreate),

@@ -8,6 +8,7 @@
  * driver never hands out the same live handle twice, so a key is present
  * at most once. Tombstones are reused by inserts; lookups stop at EMPTY.
  */
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 
@@ -359,4 +360,91 @@ uint64_t gp_mipmap_bytes(size_t w, size_t h, size_t d, int format, unsigned ch, 
 		d = d > 1 ? d / 2 : d;
 	}
 	return sum;
+}
+
+/* ---- VMM mappings ----------------------------------------------------------
+ * cuMemRelease on a handle that is still mapped only drops the handle: the
+ * memory lives until the last cuMemUnmap (NCCL and others release right
+ * after mapping). Such a handle stays charged until then. Mapping calls
+ * are rare, so a mutex and linear scans do. */
+
+struct vmm_map {
+	uint64_t va, size, handle;
+};
+struct vmm_deferred {
+	uint64_t handle, size;
+	int dev;
+};
+static struct vmm_map *maps;
+static size_t nmaps, capmaps;
+static struct vmm_deferred *deferred;
+static size_t ndeferred, capdeferred;
+static pthread_mutex_t vmm_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int grow(void **p, size_t *cap, size_t n, size_t elem)
+{
+	if (n < *cap)
+		return 0;
+	size_t c = *cap ? *cap * 2 : 64;
+	void *q = realloc(*p, c * elem);
+	if (q == NULL)
+		return -1;
+	*p = q;
+	*cap = c;
+	return 0;
+}
+
+void gp_vmm_mapped(uint64_t va, uint64_t size, uint64_t handle)
+{
+	pthread_mutex_lock(&vmm_mu);
+	if (grow((void **)&maps, &capmaps, nmaps, sizeof *maps) == 0)
+		maps[nmaps++] = (struct vmm_map){va, size, handle};
+	pthread_mutex_unlock(&vmm_mu);
+}
+
+static int mapped_locked(uint64_t handle)
+{
+	for (size_t i = 0; i < nmaps; i++)
+		if (maps[i].handle == handle)
+			return 1;
+	return 0;
+}
+
+/* After a successful cuMemRelease: uncharge now, or when the last mapping goes. */
+void gp_vmm_released(uint64_t handle, int dev, uint64_t size)
+{
+	pthread_mutex_lock(&vmm_mu);
+	if (mapped_locked(handle) && grow((void **)&deferred, &capdeferred, ndeferred, sizeof *deferred) == 0)
+		deferred[ndeferred++] = (struct vmm_deferred){handle, size, dev};
+	else
+		gp_uncharge(dev, size);
+	pthread_mutex_unlock(&vmm_mu);
+}
+
+void gp_vmm_unmapped(uint64_t va, uint64_t size)
+{
+	pthread_mutex_lock(&vmm_mu);
+	for (size_t i = 0; i < nmaps;) {
+		if (maps[i].va >= va && maps[i].va - va < size) {
+			uint64_t h = maps[i].handle;
+			maps[i] = maps[--nmaps];
+			if (mapped_locked(h))
+				continue;
+			for (size_t j = 0; j < ndeferred; j++)
+				if (deferred[j].handle == h) {
+					gp_uncharge(deferred[j].dev, deferred[j].size);
+					deferred[j] = deferred[--ndeferred];
+					break;
+				}
+			continue;
+		}
+		i++;
+	}
+	pthread_mutex_unlock(&vmm_mu);
+}
+
+void gp_vmm_reset(void)
+{
+	pthread_mutex_init(&vmm_mu, NULL);
+	nmaps = ndeferred = 0;
 }

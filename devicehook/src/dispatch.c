@@ -144,6 +144,7 @@ static void atfork_child(void)
 	/* The child owns none of the parent's allocations, contexts or threads. */
 	gp_table_clear(&gp.table);
 	gp_pool_reset();
+	gp_vmm_reset();
 	for (int d = 0; d < GP_MAX_DEV; d++)
 		atomic_store(&gp.primary_refs[d], 0);
 	atomic_store(&gp.limiter_started, 0);
@@ -576,7 +577,37 @@ static int h_cuMemPoolTrimTo(fn_cuMemPoolTrimTo real, CUmemoryPool pool, size_t 
 static int h_cuMemFree_v2(fn_cuMemFree_v2 real, CUdeviceptr p) { FREE_WITH(p, GP_K_MEM, real(p)); }
 static int h_cuMemFree(fn_cuMemFree real, CUdeviceptr_v1 p) { FREE_WITH(p, GP_K_MEM, real(p)); }
 static int h_cuMemFreeAsync(fn_cuMemFreeAsync real, CUdeviceptr p, CUstream s) { FREE_WITH(p, GP_K_MEM, real(p, s)); }
-static int h_cuMemRelease(fn_cuMemRelease real, CUmemGenericAllocationHandle h) { FREE_WITH(h, GP_K_VMM, real(h)); }
+static int h_cuMemRelease(fn_cuMemRelease real, CUmemGenericAllocationHandle h)
+{
+	int dev;
+	uint64_t size, pool;
+	int had = mem_on() && gp_table_take(&gp.table, h, GP_K_VMM, &dev, &size, &pool);
+	CUresult rc = real(h);
+	if (had) {
+		if (rc == CUDA_SUCCESS)
+			gp_vmm_released(h, dev, size); /* now, or at the last unmap */
+		else
+			gp_table_put(&gp.table, h, GP_K_VMM, dev, size, pool);
+	}
+	return rc;
+}
+
+static int h_cuMemMap(fn_cuMemMap real, CUdeviceptr va, size_t size, size_t offset, CUmemGenericAllocationHandle h,
+		      unsigned long long flags)
+{
+	CUresult rc = real(va, size, offset, h, flags);
+	if (rc == CUDA_SUCCESS && mem_on())
+		gp_vmm_mapped(va, size, h);
+	return rc;
+}
+
+static int h_cuMemUnmap(fn_cuMemUnmap real, CUdeviceptr va, size_t size)
+{
+	CUresult rc = real(va, size);
+	if (rc == CUDA_SUCCESS && mem_on())
+		gp_vmm_unmapped(va, size);
+	return rc;
+}
 static int h_cuArrayDestroy(fn_cuArrayDestroy real, CUarray a)
 {
 	FREE_WITH((uint64_t)(uintptr_t)a, GP_K_ARRAY, real(a));

@@ -107,6 +107,12 @@ int gp_untrack(uint64_t key, int kind);
  * "slack", reconciled with the driver's RESERVED_MEM_CURRENT whenever the
  * pool is used, trimmed, or a charge would fail. */
 #define GP_RESERVED_UNKNOWN UINT64_MAX
+/* VMM: a released handle stays charged while it is still mapped. */
+void gp_vmm_mapped(uint64_t va, uint64_t size, uint64_t handle);
+void gp_vmm_released(uint64_t handle, int dev, uint64_t size);
+void gp_vmm_unmapped(uint64_t va, uint64_t size);
+void gp_vmm_reset(void);
+
 void gp_pool_register(uint64_t pool, int dev);
 void gp_pool_reset(void);
 int gp_pool_dev(uint64_t pool);

@@ -329,6 +329,30 @@ static int cmd_fork(uint64_t chunk)
 	return 0;
 }
 
+/* vmmmap CHUNK: a VMM handle released while mapped (as NCCL does) keeps
+ * its memory, and its charge, until unmapped. */
+static int cmd_vmmmap(uint64_t chunk)
+{
+	ctx(0);
+	vmm_dev = 0;
+	uint64_t h;
+	if (a_vmm(8 * chunk, &h))
+		die("cuMemCreate", 0);
+	const CUdeviceptr va = 0x700000000000ull;
+	if (A.p_cuMemMap(va, 8 * chunk, 0, h, 0) || A.p_cuMemRelease(h))
+		die("cuMemMap/cuMemRelease", 0);
+	int n1 = 0, n2 = 0;
+	while (n1 < MAXH && a_mem(chunk, &handles[n1]) == 0)
+		n1++;
+	for (int i = 0; i < n1; i++)
+		f_mem(handles[i]);
+	A.p_cuMemUnmap(va, 8 * chunk);
+	while (n2 < MAXH && a_mem(chunk, &handles[n2]) == 0)
+		n2++;
+	printf("mapped=%d unmapped=%d\n", n1, n2);
+	return 0;
+}
+
 /* query ALLOC: virtualised memory figures after allocating ALLOC bytes. */
 static int cmd_query(uint64_t alloc)
 {
@@ -538,6 +562,8 @@ int main(int argc, char **argv)
 		return cmd_family(argv[3], strtoull(argv[4], NULL, 10));
 	if (!strcmp(c, "poolhold") && argc > 4)
 		return cmd_poolhold(a, atoi(argv[4]));
+	if (!strcmp(c, "vmmmap"))
+		return cmd_vmmmap(a);
 	if (!strcmp(c, "fork"))
 		return cmd_fork(a);
 	if (!strcmp(c, "query"))
