@@ -8,6 +8,10 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${GPUPACK_TOOLS_DIR:-$ROOT/_output/tools}
 mkdir -p "$OUT"
 export CGO_ENABLED=0
+# Test processes call this script concurrently (framework.EnsureTools): one
+# builds, the others wait and then find the pinned versions in place.
+exec 9>"$OUT/.build.lock"
+flock 9
 
 K8S_VERSION=v1.37.2
 ETCD_VERSION=v3.7.3
@@ -24,8 +28,8 @@ build() {
 	fi
 	echo "hack/build-tools: building $name $version" >&2
 	local start=$SECONDS
-	(cd "$ROOT/hack/tools/$dir" && go build -trimpath -ldflags "-s -w $ldflags" -o "$OUT/$name.tmp" "$pkg")
-	mv -f "$OUT/$name.tmp" "$OUT/$name"
+	(cd "$ROOT/hack/tools/$dir" && go build -trimpath -ldflags "-s -w $ldflags" -o "$OUT/$name.tmp.$$" "$pkg")
+	mv -f "$OUT/$name.tmp.$$" "$OUT/$name"
 	echo "$version" >"$stamp"
 	echo "hack/build-tools: built $name in $((SECONDS - start))s" >&2
 }
