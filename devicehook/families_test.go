@@ -280,3 +280,15 @@ func TestVMMReleasedWhileMappedStaysCharged(t *testing.T) {
 		}
 	}
 }
+
+// Blocks still allocated when their context is destroyed (or the primary
+// context reset) are freed by the driver; they must stop counting.
+func TestContextTeardownReleasesItsBlocks(t *testing.T) {
+	e := env{"FAKECUDA_MEM": fmt.Sprint(1 * gib), "CUDA_DEVICE_MEMORY_LIMIT": "64m"}.hooked()
+	for _, mode := range []string{"direct", "gpa"} {
+		kv := run(t, e, mode, "ctxgone", fmt.Sprint(4*mib))
+		if d := cmp.Diff(map[string]string{"after_destroy": "16", "after_reset": "16"}, kv); d != "" {
+			t.Errorf("via %s (-want +got):\n%s", mode, d)
+		}
+	}
+}

@@ -50,7 +50,7 @@ static inline uint64_t mix(uint64_t k)
 	return k;
 }
 
-int gp_table_put(struct gp_table *t, uint64_t key, int kind, int dev, uint64_t size, uint64_t aux)
+int gp_table_put(struct gp_table *t, uint64_t key, int kind, int dev, uint64_t size, uint64_t aux, uint64_t ctx)
 {
 	if (key <= K_TOMB)
 		return -1;
@@ -66,6 +66,7 @@ int gp_table_put(struct gp_table *t, uint64_t key, int kind, int dev, uint64_t s
 		e->dev = dev;
 		e->kind = kind;
 		e->aux = aux;
+		e->ctx = ctx;
 		atomic_store_explicit(&e->key, key, memory_order_release);
 		return 0;
 	}
@@ -97,19 +98,21 @@ int gp_table_get(struct gp_table *t, uint64_t key, int kind, int *dev, uint64_t 
 	return 1;
 }
 
-int gp_table_take(struct gp_table *t, uint64_t key, int kind, int *dev, uint64_t *size, uint64_t *aux)
+int gp_table_take(struct gp_table *t, uint64_t key, int kind, int *dev, uint64_t *size, uint64_t *aux,
+		  uint64_t *ctx)
 {
 	for (;;) {
 		struct gp_entry *e = find(t, key, kind);
 		if (e == NULL)
 			return 0;
 		int d = e->dev;
-		uint64_t s = e->size, a = e->aux;
+		uint64_t s = e->size, a = e->aux, c = e->ctx;
 		uint64_t k = key;
 		if (atomic_compare_exchange_strong(&e->key, &k, K_TOMB)) {
 			*dev = d;
 			*size = s;
 			*aux = a;
+			*ctx = c;
 			return 1;
 		}
 		/* Lost a race with a concurrent free of the same handle (a double
@@ -145,7 +148,10 @@ void gp_track(uint64_t key, int kind, int dev, uint64_t size, uint64_t pool)
 {
 	if (!gp_mem_limited(dev))
 		return;
-	if (gp_table_put(&gp.table, key, kind, dev, size, pool) != 0)
+	CUcontext c = NULL;
+	if (kind != GP_K_VMM && kind != GP_K_CTX && gp.ctx_get_current)
+		gp.ctx_get_current(&c);
+	if (gp_table_put(&gp.table, key, kind, dev, size, pool, (uint64_t)(uintptr_t)c) != 0)
 		gp_log(GP_LOG_ERROR, "allocation table full; %llu bytes on device %d stay charged until exit",
 		       (unsigned long long)size, dev);
 }
@@ -153,14 +159,26 @@ void gp_track(uint64_t key, int kind, int dev, uint64_t size, uint64_t pool)
 int gp_untrack(uint64_t key, int kind)
 {
 	int dev;
-	uint64_t size, pool;
-	if (!gp_table_take(&gp.table, key, kind, &dev, &size, &pool))
+	uint64_t size, pool, ctx;
+	if (!gp_table_take(&gp.table, key, kind, &dev, &size, &pool, &ctx))
 		return 0;
 	if (pool)
 		gp_pool_freed(pool, dev, size, GP_RESERVED_UNKNOWN);
 	else
 		gp_uncharge(dev, size);
 	return 1;
+}
+
+void gp_untrack_ctx(uint64_t ctx)
+{
+	if (ctx == 0)
+		return;
+	for (uint64_t i = 0; i <= gp.table.mask; i++) {
+		struct gp_entry *e = &gp.table.e[i];
+		uint64_t k = atomic_load(&e->key);
+		if (k > K_TOMB && e->ctx == ctx)
+			gp_untrack(k, e->kind);
+	}
 }
 
 /* ---- pools ---------------------------------------------------------------

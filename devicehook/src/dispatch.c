@@ -167,6 +167,7 @@ static void init_once(void)
 		gp_log(GP_LOG_WARN, "libcuda.so.1 not found: %s", dlerror());
 	else {
 		gp.ctx_get_device = (gp_fn_ctxgetdevice)gp.real_dlsym(gp.libcuda, "cuCtxGetDevice");
+		gp.ctx_get_current = (gp_fn_ctxgetcurrent)gp.real_dlsym(gp.libcuda, "cuCtxGetCurrent");
 		gp.pool_get_attr = (gp_fn_pool_attr)gp.real_dlsym(gp.libcuda, "cuMemPoolGetAttribute");
 		gp.dev_get_mempool = (gp_fn_dev_pool)gp.real_dlsym(gp.libcuda, "cuDeviceGetMemPool");
 		gp.pool_trim = (gp_fn_pool_trim)gp.real_dlsym(gp.libcuda, "cuMemPoolTrimTo");
@@ -265,12 +266,12 @@ static CUresult charge(int dev, uint64_t size)
 #define FREE_WITH(key, kind, call)                                            \
 	do {                                                                  \
 		int dev_;                                                     \
-		uint64_t size_, pool_;                                        \
-		int had_ = mem_on() && gp_table_take(&gp.table, (key), (kind), &dev_, &size_, &pool_); \
+		uint64_t size_, pool_, ctx_;                                  \
+		int had_ = mem_on() && gp_table_take(&gp.table, (key), (kind), &dev_, &size_, &pool_, &ctx_); \
 		CUresult rc_ = (call);                                        \
 		if (had_) {                                                   \
 			if (rc_ != CUDA_SUCCESS)                              \
-				gp_table_put(&gp.table, (key), (kind), dev_, size_, pool_); \
+				gp_table_put(&gp.table, (key), (kind), dev_, size_, pool_, ctx_); \
 			else if (pool_)                                       \
 				gp_pool_freed(pool_, dev_, size_, pool_reserved(pool_)); \
 			else                                                  \
@@ -580,14 +581,14 @@ static int h_cuMemFreeAsync(fn_cuMemFreeAsync real, CUdeviceptr p, CUstream s) {
 static int h_cuMemRelease(fn_cuMemRelease real, CUmemGenericAllocationHandle h)
 {
 	int dev;
-	uint64_t size, pool;
-	int had = mem_on() && gp_table_take(&gp.table, h, GP_K_VMM, &dev, &size, &pool);
+	uint64_t size, pool, ctx;
+	int had = mem_on() && gp_table_take(&gp.table, h, GP_K_VMM, &dev, &size, &pool, &ctx);
 	CUresult rc = real(h);
 	if (had) {
 		if (rc == CUDA_SUCCESS)
 			gp_vmm_released(h, dev, size); /* now, or at the last unmap */
 		else
-			gp_table_put(&gp.table, h, GP_K_VMM, dev, size, pool);
+			gp_table_put(&gp.table, h, GP_K_VMM, dev, size, pool, ctx);
 	}
 	return rc;
 }
@@ -657,15 +658,26 @@ static int h_cuCtxCreate_v4(fn_cuCtxCreate_v4 real, CUcontext *ctx, void *params
 }
 static int h_cuCtxDestroy_v2(fn_cuCtxDestroy_v2 real, CUcontext ctx)
 {
-	FREE_WITH((uint64_t)(uintptr_t)ctx, GP_K_CTX, real(ctx));
+	CUresult rc = real(ctx);
+	if (rc == CUDA_SUCCESS && mem_on()) {
+		gp_untrack((uint64_t)(uintptr_t)ctx, GP_K_CTX); /* its reserve */
+		gp_untrack_ctx((uint64_t)(uintptr_t)ctx);      /* blocks it freed with it */
+	}
+	return rc;
 }
 
 static pthread_mutex_t primary_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static int h_cuDevicePrimaryCtxRetain(fn_cuDevicePrimaryCtxRetain real, CUcontext *ctx, CUdevice dev)
 {
-	if (!mem_on() || !gp.cfg.ctx_reserve || !gp_mem_limited(dev))
+	if (!mem_on() || !gp_mem_limited(dev))
 		return real(ctx, dev);
+	if (!gp.cfg.ctx_reserve) {
+		CUresult rc = real(ctx, dev);
+		if (rc == CUDA_SUCCESS)
+			atomic_store(&gp.primary_ctx[dev], (uint64_t)(uintptr_t)*ctx);
+		return rc;
+	}
 	pthread_mutex_lock(&primary_mu);
 	CUresult rc = CUDA_SUCCESS;
 	int first = atomic_load(&gp.primary_refs[dev]) == 0;
@@ -673,8 +685,10 @@ static int h_cuDevicePrimaryCtxRetain(fn_cuDevicePrimaryCtxRetain real, CUcontex
 		rc = gp_charge(dev, gp.cfg.ctx_reserve);
 	if (rc == CUDA_SUCCESS) {
 		rc = real(ctx, dev);
-		if (rc == CUDA_SUCCESS)
+		if (rc == CUDA_SUCCESS) {
 			atomic_fetch_add(&gp.primary_refs[dev], 1);
+			atomic_store(&gp.primary_ctx[dev], (uint64_t)(uintptr_t)*ctx);
+		}
 		else if (first)
 			gp_uncharge(dev, gp.cfg.ctx_reserve);
 	}
@@ -699,16 +713,8 @@ static int h_cuDevicePrimaryCtxReset_v2(fn_cuDevicePrimaryCtxReset_v2 real, CUde
 	CUresult rc = real(dev);
 	if (rc != CUDA_SUCCESS || !mem_on() || !gp_mem_limited(dev))
 		return rc;
-	/* Reset frees every allocation in the primary context: drop their
-	 * charges (allocations of this device made in other contexts are rare
-	 * and would be dropped too; that errs on the permissive side only for
-	 * a process that mixes contexts and resets). */
-	for (uint64_t i = 0; i <= gp.table.mask; i++) {
-		struct gp_entry *e = &gp.table.e[i];
-		uint64_t k = atomic_load(&e->key);
-		if (k > 2 && e->dev == dev && (e->kind == GP_K_MEM || e->kind == GP_K_ARRAY || e->kind == GP_K_MIPMAP))
-			gp_untrack(k, e->kind);
-	}
+	/* Reset frees every allocation made in the primary context. */
+	gp_untrack_ctx(atomic_load(&gp.primary_ctx[dev]));
 	return rc;
 }
 

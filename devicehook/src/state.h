@@ -76,6 +76,7 @@ struct gp_entry {
 	int32_t dev;
 	int32_t kind;
 	uint64_t aux; /* GP_K_MEM: the pool it came from (0 = none) */
+	uint64_t ctx; /* context current at allocation: destroying it frees the block */
 };
 
 struct gp_table {
@@ -86,8 +87,8 @@ struct gp_table {
 
 int gp_table_init(struct gp_table *t, unsigned log2cap);
 void gp_table_clear(struct gp_table *t);
-int gp_table_put(struct gp_table *t, uint64_t key, int kind, int dev, uint64_t size, uint64_t aux);
-int gp_table_take(struct gp_table *t, uint64_t key, int kind, int *dev, uint64_t *size, uint64_t *aux);
+int gp_table_put(struct gp_table *t, uint64_t key, int kind, int dev, uint64_t size, uint64_t aux, uint64_t ctx);
+int gp_table_take(struct gp_table *t, uint64_t key, int kind, int *dev, uint64_t *size, uint64_t *aux, uint64_t *ctx);
 int gp_table_get(struct gp_table *t, uint64_t key, int kind, int *dev, uint64_t *size);
 
 /* Charge `size` bytes on dev against its limit: CUDA_SUCCESS or
@@ -100,6 +101,8 @@ void gp_charge_force(int dev, uint64_t size);
 void gp_track(uint64_t key, int kind, int dev, uint64_t size, uint64_t pool);
 /* Forget an allocation; uncharges it. Returns 1 if it was tracked. */
 int gp_untrack(uint64_t key, int kind);
+/* Forget (and uncharge) every block allocated while ctx was current. */
+void gp_untrack_ctx(uint64_t ctx);
 
 /* Memory pools (stream-ordered allocation). A pool keeps memory reserved
  * beyond its live allocations; the container is charged
@@ -151,6 +154,7 @@ double gp_limiter_next_rate(double rate, double target, double util, double obse
 /* ---- the state --------------------------------------------------------- */
 
 typedef CUresult (*gp_fn_ctxgetdevice)(CUdevice *);
+typedef CUresult (*gp_fn_ctxgetcurrent)(CUcontext *);
 typedef nvmlReturn_t (*gp_fn_nvml_index)(nvmlDevice_t, unsigned int *);
 typedef nvmlReturn_t (*gp_fn_nvml_procutil)(nvmlDevice_t, nvmlProcessUtilizationSample_t *,
 					   unsigned int *, unsigned long long);
@@ -169,6 +173,8 @@ struct gp_state {
 	void *libcuda;
 	void *libnvml;
 	gp_fn_ctxgetdevice ctx_get_device;
+	gp_fn_ctxgetcurrent ctx_get_current;
+	_Atomic uint64_t primary_ctx[GP_MAX_DEV]; /* as returned by cuDevicePrimaryCtxRetain */
 	gp_fn_pool_attr pool_get_attr;    /* cuMemPoolGetAttribute */
 	gp_fn_dev_pool dev_get_mempool;   /* cuDeviceGetMemPool */
 	gp_fn_pool_trim pool_trim;        /* cuMemPoolTrimTo (the driver's) */

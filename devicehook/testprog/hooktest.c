@@ -117,6 +117,8 @@ static void resolve(void)
 		    !strcmp(#name, "cuMemFree") || !strcmp(#name, "cuMemGetInfo") ||              \
 		    !strcmp(#name, "cuDeviceTotalMem"))                                            \
 			v = 3000;                                                                  \
+		if (!strcmp(#name, "cuCtxCreate_v2")) /* _v3 from 11040, _v4 from 12050 */          \
+			v = 11000;                                                                 \
 		if (gpa2)                                                                          \
 			gpa2(b, &fn, v, flags, &st);                                               \
 		else                                                                               \
@@ -326,6 +328,29 @@ static int cmd_fork(uint64_t chunk)
 	while (n < MAXH && a_mem(chunk, &handles[n]) == 0)
 		n++;
 	printf("parent_extra=%d child_status=%d\n", n - 8, st);
+	return 0;
+}
+
+/* ctxgone CHUNK: blocks left in a destroyed context, or in a reset primary
+ * context, are freed with it and must stop counting. */
+static int cmd_ctxgone(uint64_t chunk)
+{
+	A.p_cuInit(0);
+	CUcontext c;
+	if (A.p_cuCtxCreate_v2(&c, 0, 0))
+		die("cuCtxCreate_v2", 0);
+	for (int i = 0; i < 8; i++)
+		if (a_mem(chunk, &handles[i]))
+			die("alloc in context", i);
+	A.p_cuCtxDestroy_v2(c);
+	ctx(0);
+	int n1 = 0, n2 = 0;
+	while (n1 < MAXH && a_mem(chunk, &handles[n1]) == 0)
+		n1++;
+	A.p_cuDevicePrimaryCtxReset_v2(0);
+	while (n2 < MAXH && a_mem(chunk, &handles[n2]) == 0)
+		n2++;
+	printf("after_destroy=%d after_reset=%d\n", n1, n2);
 	return 0;
 }
 
@@ -562,6 +587,8 @@ int main(int argc, char **argv)
 		return cmd_family(argv[3], strtoull(argv[4], NULL, 10));
 	if (!strcmp(c, "poolhold") && argc > 4)
 		return cmd_poolhold(a, atoi(argv[4]));
+	if (!strcmp(c, "ctxgone"))
+		return cmd_ctxgone(a);
 	if (!strcmp(c, "vmmmap"))
 		return cmd_vmmmap(a);
 	if (!strcmp(c, "fork"))
