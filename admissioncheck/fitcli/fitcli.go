@@ -174,7 +174,10 @@ func decide(nodesPath, podsPath, wlPath, paramsPath string) (*decision, error) {
 			continue
 		}
 		if err != nil {
-			return nil, fmt.Errorf("%s: %v", nodesPath, err)
+			// As the check does: a node with an unreadable inventory is left
+			// out, and said so, rather than failing every decision.
+			d.warnings = append(d.warnings, fmt.Sprintf("node %s ignored: %v", objs[i].Name, err))
+			continue
 		}
 		d.nodes = append(d.nodes, n)
 	}

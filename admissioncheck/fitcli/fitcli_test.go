@@ -276,3 +276,26 @@ spec:
 	}
 	checkPlan(t, o, map[string]int{"main": 2})
 }
+
+func TestUnreadableNodeIsLeftOutWithANote(t *testing.T) {
+	nodes := write(t, "nodes.yaml", mustRead(t, "testdata/nodes.yaml")+`- apiVersion: v1
+  kind: Node
+  metadata:
+    name: broken
+    annotations:
+      gpupack.io/gpus: 'not json'
+  status:
+    conditions: [{type: Ready, status: "True"}]
+`)
+	o := runJSON(t, "--nodes", nodes, "--workload", "testdata/pytorchjob.yaml")
+	if !o.Fits {
+		t.Fatalf("reasons %q", o.Reasons)
+	}
+	found := false
+	for _, r := range o.Reasons {
+		found = found || strings.HasPrefix(r, "node broken ignored: node broken: gpupack.io/gpus: not a JSON array")
+	}
+	if !found {
+		t.Errorf("no note about the broken node: %q", o.Reasons)
+	}
+}
