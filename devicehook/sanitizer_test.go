@@ -11,18 +11,8 @@ import (
 // The ASan/UBSan build of the library runs the same scenarios; any report
 // aborts the program (halt_on_error, no recovery), which fails the test.
 func TestSanitizerBuild(t *testing.T) {
-	out, err := exec.Command("gcc", "-print-file-name=libasan.so").Output()
-	libasan := strings.TrimSpace(string(out))
-	if err != nil || !filepath.IsAbs(libasan) {
-		t.Fatalf("gcc cannot locate libasan.so (%v): the sanitizer build cannot be loaded", err)
-	}
 	cache := filepath.Join(t.TempDir(), "cache")
-	san := func(e env) env {
-		e["LD_PRELOAD"] = libasan + " " + asanHook
-		e["ASAN_OPTIONS"] = "detect_leaks=0:halt_on_error=1:abort_on_error=0:exitcode=66"
-		e["UBSAN_OPTIONS"] = "halt_on_error=1:print_stacktrace=1:exitcode=67"
-		return e
-	}
+	san := func(e env) env { return asanEnv(t, e) }
 	base := func() env {
 		return env{"FAKECUDA_MEM": fmt.Sprint(1 * gib), "CUDA_DEVICE_MEMORY_LIMIT": "64m",
 			"CUDA_DEVICE_MEMORY_SHARED_CACHE": cache, "GPUPACK_CONTEXT_RESERVE": "4m"}
@@ -49,4 +39,19 @@ func TestSanitizerBuild(t *testing.T) {
 	e["FAKECUDA_STATE"] = filepath.Join(t.TempDir(), "device")
 	run(t, e, "gpa", "launch", "ex", "0.5", "0.1")
 	run(t, san(base()), "direct", "rtld-next")
+}
+
+// asanEnv preloads the ASan/UBSan build of the library (after libasan,
+// which must come first); any report aborts the program.
+func asanEnv(t *testing.T, e env) env {
+	t.Helper()
+	out, err := exec.Command("gcc", "-print-file-name=libasan.so").Output()
+	libasan := strings.TrimSpace(string(out))
+	if err != nil || !filepath.IsAbs(libasan) {
+		t.Fatalf("gcc cannot locate libasan.so (%v): the sanitizer build cannot be loaded", err)
+	}
+	e["LD_PRELOAD"] = libasan + " " + asanHook
+	e["ASAN_OPTIONS"] = "detect_leaks=0:halt_on_error=1:abort_on_error=0:exitcode=66"
+	e["UBSAN_OPTIONS"] = "halt_on_error=1:print_stacktrace=1:exitcode=67"
+	return e
 }

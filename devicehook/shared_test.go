@@ -160,3 +160,29 @@ func TestForkedChildAccounting(t *testing.T) {
 		})
 	}
 }
+
+// Threads of one process allocating and freeing at once near the limit:
+// the driver never holds more than the limit, refusals do happen, and
+// everything is uncharged at the end. Run against both library builds
+// (the ASan/UBSan one catches races that corrupt memory).
+func TestConcurrentThreadsStayUnderTheLimit(t *testing.T) {
+	const limit = 64 * mib
+	for _, build := range []string{"release", "asan"} {
+		t.Run(build, func(t *testing.T) {
+			e := env{"FAKECUDA_MEM": fmt.Sprint(1 * gib), "CUDA_DEVICE_MEMORY_LIMIT": "64m"}.hooked()
+			if build == "asan" {
+				e = asanEnv(t, e)
+			}
+			kv := run(t, e, "gpa", "threads", "8", "500", fmt.Sprint(2*mib))
+			if got := num(t, kv, "max_used"); got > limit {
+				t.Errorf("the driver held %d MiB at once under a %d MiB limit", got/mib, limit/mib)
+			}
+			if num(t, kv, "refused") == 0 {
+				t.Errorf("8 threads x 8 blocks of 2 MiB never hit a 64 MiB limit: the test did not test anything")
+			}
+			if kv["left"] != "0" || kv["free"] != fmt.Sprint(limit) || kv["total"] != fmt.Sprint(limit) {
+				t.Errorf("after all frees: %v, want nothing left and the whole limit free", kv)
+			}
+		})
+	}
+}

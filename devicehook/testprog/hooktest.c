@@ -13,6 +13,8 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -331,6 +333,56 @@ static int cmd_fork(uint64_t chunk)
 	return 0;
 }
 
+/* threads N ITERS CHUNK: N threads allocate and free concurrently near the
+ * limit; the driver must never hold more than the limit, and everything
+ * must be uncharged at the end. */
+static uint64_t th_chunk;
+static long th_iters;
+static _Atomic uint64_t th_max_seen, th_refused;
+static CUcontext th_ctx;
+
+static void *th_main(void *arg)
+{
+	(void)arg;
+	A.p_cuCtxSetCurrent(th_ctx);
+	CUdeviceptr held[8];
+	for (long i = 0; i < th_iters; i++) {
+		int n = 0;
+		for (int k = 0; k < 8; k++) {
+			if (A.p_cuMemAlloc_v2(&held[n], th_chunk) == 0)
+				n++;
+			else
+				atomic_fetch_add(&th_refused, 1);
+			uint64_t u = fake_used(0), m = atomic_load(&th_max_seen);
+			while (u > m && !atomic_compare_exchange_weak(&th_max_seen, &m, u))
+				;
+		}
+		while (n > 0)
+			A.p_cuMemFree_v2(held[--n]);
+	}
+	return NULL;
+}
+
+static int cmd_threads(int n, long iters, uint64_t chunk)
+{
+	ctx(0);
+	A.p_cuDevicePrimaryCtxRetain(&th_ctx, 0);
+	th_chunk = chunk;
+	th_iters = iters;
+	pthread_t t[64];
+	if (n > 64)
+		n = 64;
+	for (int i = 0; i < n; i++)
+		pthread_create(&t[i], NULL, th_main, NULL);
+	for (int i = 0; i < n; i++)
+		pthread_join(t[i], NULL);
+	size_t fr = 0, tot = 0;
+	A.p_cuMemGetInfo_v2(&fr, &tot);
+	printf("max_used=%llu refused=%llu free=%zu total=%zu left=%llu\n", (unsigned long long)atomic_load(&th_max_seen),
+	       (unsigned long long)atomic_load(&th_refused), fr, tot, (unsigned long long)fake_used(0));
+	return 0;
+}
+
 /* ctxgone CHUNK: blocks left in a destroyed context, or in a reset primary
  * context, are freed with it and must stop counting. */
 static int cmd_ctxgone(uint64_t chunk)
@@ -587,6 +639,8 @@ int main(int argc, char **argv)
 		return cmd_family(argv[3], strtoull(argv[4], NULL, 10));
 	if (!strcmp(c, "poolhold") && argc > 4)
 		return cmd_poolhold(a, atoi(argv[4]));
+	if (!strcmp(c, "threads") && argc > 5)
+		return cmd_threads(atoi(argv[3]), atol(argv[4]), strtoull(argv[5], NULL, 10));
 	if (!strcmp(c, "ctxgone"))
 		return cmd_ctxgone(a);
 	if (!strcmp(c, "vmmmap"))
