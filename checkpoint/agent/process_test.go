@@ -291,6 +291,7 @@ func TestIgnoringTrainerIsTerminatedThenKilledOnTime(t *testing.T) {
 	}
 	for _, c := range checks {
 		d := c.at.Sub(t0)
+		t.Logf("%s at T0+%v (window [%v, %v])", c.what, d.Round(time.Millisecond), c.notBefore, c.notAfter)
 		if d < c.notBefore || d > c.notAfter {
 			t.Errorf("%s at T0+%v, want within [%v, %v] (%s); agent log:\n%s", c.what, d, c.notBefore, c.notAfter, c.description, a.stderr)
 		}
