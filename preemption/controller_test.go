@@ -276,6 +276,8 @@ func TestEvictedBy(t *testing.T) {
 	disrupted.Status.Conditions = []corev1.PodCondition{{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue}}
 	drained := rankPod("e")
 	drained.Annotations[v1alpha1.AnnotationCheckpointRequest] = "2026-11-30T05:00:00Z"
+	notOpted := disrupted.DeepCopy()
+	delete(notOpted.Annotations, v1alpha1.AnnotationCheckpoint)
 	doneDisrupted := disrupted.DeepCopy()
 	doneDisrupted.Status.Phase = corev1.PodSucceeded
 	cases := map[string]struct {
@@ -290,6 +292,7 @@ func TestEvictedBy(t *testing.T) {
 		"evicted false":    {wl: workload(metav1.Condition{Type: kueue.WorkloadEvicted, Status: metav1.ConditionFalse})},
 		"disrupted pod":    {wl: workload(), pods: []corev1.Pod{*rankPod("a"), *disrupted}, want: ReasonDisruptionTarget, wantOK: true},
 		"finished pod":     {wl: workload(), pods: []corev1.Pod{*doneDisrupted}},
+		"not opted in":     {wl: workload(), pods: []corev1.Pod{*notOpted}},
 		"drain held a pod": {wl: workload(), pods: []corev1.Pod{*drained}, want: ReasonEviction, wantOK: true},
 	}
 	for name, tc := range cases {

@@ -91,7 +91,7 @@ func observePod(pod *corev1.Pod, defaultGrace time.Duration) ladder.Pod {
 }
 
 // evictedBy says whether (and why) a workload is being evicted: Kueue's
-// conditions first, then any live pod being disrupted or drained.
+// conditions first, then any live opted-in pod being disrupted or drained.
 func evictedBy(wl *kueue.Workload, pods []corev1.Pod) (string, bool) {
 	if apimeta.IsStatusConditionTrue(wl.Status.Conditions, kueue.WorkloadPreempted) {
 		return ReasonKueuePreempted, true
@@ -99,12 +99,11 @@ func evictedBy(wl *kueue.Workload, pods []corev1.Pod) (string, bool) {
 	if apimeta.IsStatusConditionTrue(wl.Status.Conditions, kueue.WorkloadEvicted) {
 		return ReasonKueueEvicted, true
 	}
+	// Pod-level disruptions count only for opted-in pods: for the others
+	// the coordinator would only widen a one-pod disruption to the gang.
 	for i := range pods {
 		p := &pods[i]
-		if finished(p) {
-			continue
-		}
-		if disrupted(p) {
+		if !finished(p) && optedIn(p) && disrupted(p) {
 			return ReasonDisruptionTarget, true
 		}
 	}
