@@ -10,14 +10,22 @@
 //     container, since kwok deletes a terminating pod at once);
 //   - the placement ungater (webhooks/): it writes gpupack.io/devices on a
 //     running pod, which is what keeps a terminating pod's GPUs counted.
+//
+// The drain test also runs the real gpupack-ckpt (in this process) around
+// the Python test trainer, reporting through the real API server, with the
+// test in the kubelet's place for the downward-API annotations file.
 package preemption
 
 import (
 	"encoding/json"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -27,6 +35,7 @@ import (
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -36,6 +45,8 @@ import (
 
 	"github.com/gpupack/gpupack/admissioncheck"
 	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
+	ckagent "github.com/gpupack/gpupack/checkpoint/agent"
+	"github.com/gpupack/gpupack/checkpoint/manifest"
 	"github.com/gpupack/gpupack/flavors"
 	"github.com/gpupack/gpupack/preemption"
 	"github.com/gpupack/gpupack/preemption/ladder"
@@ -391,6 +402,13 @@ func TestPreemptedJobCheckpointsThenYields(t *testing.T) {
 	}
 }
 
+type testLog struct{ t *testing.T }
+
+func (l testLog) Write(p []byte) (int, error) {
+	l.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
 func podNames(ps []corev1.Pod) string {
 	var n []string
 	for _, p := range ps {
@@ -458,6 +476,82 @@ func TestDrainEvictionWaitsForCheckpointWithinBudget(t *testing.T) {
 	}
 	if err := evict("saver"); err != nil {
 		t.Fatalf("eviction after the checkpoint: %v, want allowed", err)
+	}
+
+	// The real gpupack-ckpt wrapping the Python test trainer: the test
+	// plays the kubelet (downward-API annotations file), the agent reports
+	// through the real API server.
+	if py, err := exec.LookPath("python3"); err == nil {
+		mkPod("real-agent", true)
+		dir := t.TempDir()
+		annFile, ckdir := filepath.Join(dir, "annotations"), filepath.Join(dir, "ckpt")
+		kubeletStop := make(chan struct{})
+		kubeletDone := make(chan struct{})
+		go func() { // the kubelet's downward-API refresh
+			defer close(kubeletDone)
+			for {
+				var p corev1.Pod
+				if err := env.Client.Get(env.Ctx, client.ObjectKey{Namespace: ns, Name: "real-agent"}, &p); err == nil {
+					keys := make([]string, 0, len(p.Annotations))
+					for k := range p.Annotations {
+						keys = append(keys, k)
+					}
+					sort.Strings(keys)
+					var b strings.Builder
+					for _, k := range keys {
+						fmt.Fprintf(&b, "%v=%q\n", k, p.Annotations[k])
+					}
+					os.WriteFile(annFile+".tmp", []byte(b.String()), 0o644)
+					os.Rename(annFile+".tmp", annFile)
+				}
+				select {
+				case <-kubeletStop:
+					return
+				case <-time.After(100 * time.Millisecond):
+				}
+			}
+		}()
+		httpClient, err := rest.HTTPClientFor(env.Config)
+		if err != nil {
+			t.Fatal(err)
+		}
+		exit := make(chan int, 1)
+		go func() {
+			exit <- ckagent.Run(ckagent.Config{
+				Command:          []string{py, filepath.Join(framework.RepoRoot(), "checkpoint", "python", "testdata", "trainer.py"), "--mode", "cooperative", "--dir", ckdir, "--save-every", "5"},
+				CheckpointSignal: syscall.SIGUSR1, CheckpointTimeout: budget, Grace: 2 * budget, KillMargin: time.Second,
+				ExitWait: 2 * time.Second, CheckpointDir: ckdir, AnnotationsFile: annFile, Poll: 100 * time.Millisecond,
+				Reporter: &ckagent.PodAnnotator{BaseURL: env.Config.Host, Namespace: ns, Name: "real-agent", Client: httpClient},
+				Log:      testLog{t},
+			})
+		}()
+		time.Sleep(time.Second) // the trainer installs its handler
+		if err := evict("real-agent"); !held(err) {
+			t.Fatalf("first eviction of the real agent's pod: %v, want 429", err)
+		}
+		var code int
+		select {
+		case code = <-exit:
+		case <-time.After(2 * budget):
+			t.Fatal("gpupack-ckpt did not finish")
+		}
+		close(kubeletStop)
+		<-kubeletDone
+		if code != 0 {
+			t.Fatalf("gpupack-ckpt exited %d, want 0", code)
+		}
+		cp, ok, err := manifest.Latest(ckdir)
+		if err != nil || !ok {
+			t.Fatalf("no verified checkpoint: %v", err)
+		}
+		var rp corev1.Pod
+		env.Client.Get(env.Ctx, client.ObjectKey{Namespace: ns, Name: "real-agent"}, &rp)
+		if got := rp.Annotations[v1alpha1.AnnotationCheckpointStep]; got != fmt.Sprint(cp.Manifest.Step) {
+			t.Fatalf("pod %s = %q, want the verified step %d", v1alpha1.AnnotationCheckpointStep, got, cp.Manifest.Step)
+		}
+		if err := evict("real-agent"); err != nil {
+			t.Fatalf("eviction after the agent reported: %v, want allowed", err)
+		}
 	}
 
 	// An opted-in pod that never checkpoints: held, but not past its
