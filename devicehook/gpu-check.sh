@@ -29,8 +29,13 @@ nvidia-smi -i "$dev" --query-gpu=name,memory.total,driver_version --format=csv,n
 
 make -s -C "$here" build/libgpupack-hook.so
 hook="$here/build/libgpupack-hook.so"
-# The fake driver lives in build/fake; make sure nothing points there.
-unset LD_LIBRARY_PATH FAKECUDA_STATE FAKECUDA_MEM
+# The fake driver lives in build/fake: keep it off the library path so the
+# real libcuda.so.1 is the one loaded.
+if [ -n "${LD_LIBRARY_PATH:-}" ]; then
+	LD_LIBRARY_PATH=$(printf '%s' "$LD_LIBRARY_PATH" | tr ':' '\n' | { grep -v "/build/fake" || true; } | paste -sd: -)
+	export LD_LIBRARY_PATH
+fi
+unset FAKECUDA_STATE FAKECUDA_MEM
 
 fails=0
 pass() { echo "PASS: $*"; }

@@ -63,7 +63,7 @@ func TestSMLimiterShare3070(t *testing.T) {
 func TestSMLimiterCoversEveryLaunchAPI(t *testing.T) {
 	for _, api := range []string{"kernel", "ex", "coop", "graph"} {
 		t.Run(api, func(t *testing.T) {
-			got := launchUtil(t, api, 2, 1, limited(30))[0]
+			got := launchUtil(t, api, 3, 1, limited(30))[0]
 			if math.Abs(got-30) > 5 {
 				t.Errorf("%s launches limited to 30%% used %.1f%% of the device", api, got)
 			}

@@ -185,50 +185,40 @@ void gp_untrack_ctx(uint64_t ctx)
  * A small registry under one mutex: pool operations are rare next to plain
  * allocations, and the mutex keeps live/slack/charge moves atomic. */
 
-#define GP_MAX_POOLS 256
-
-static struct {
-	uint64_t pool;
-	int dev;
-	uint64_t live;  /* bytes of live allocations from the pool (ours) */
-	uint64_t slack; /* charged beyond live: reserved - live, last we knew */
-} pools[GP_MAX_POOLS];
-static int npools;
-static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static int pool_find(uint64_t pool, int dev, int add)
 {
-	for (int i = 0; i < npools; i++)
-		if (pools[i].pool == pool)
+	for (int i = 0; i < gp.pools.n; i++)
+		if (gp.pools.e[i].pool == pool)
 			return i;
-	if (!add || npools == GP_MAX_POOLS || dev < 0)
+	if (!add || gp.pools.n == GP_MAX_POOLS || dev < 0)
 		return -1;
-	pools[npools].pool = pool;
-	pools[npools].dev = dev;
-	pools[npools].live = pools[npools].slack = 0;
-	return npools++;
+	gp.pools.e[gp.pools.n].pool = pool;
+	gp.pools.e[gp.pools.n].dev = dev;
+	gp.pools.e[gp.pools.n].live = gp.pools.e[gp.pools.n].slack = 0;
+	return gp.pools.n++;
 }
 
 /* In a forked child: the parent's pools and blocks are not ours. */
 void gp_pool_reset(void)
 {
-	pthread_mutex_init(&pool_mu, NULL);
-	npools = 0;
+	pthread_mutex_init(&gp.pools.mu, NULL);
+	gp.pools.n = 0;
 }
 
 void gp_pool_register(uint64_t pool, int dev)
 {
-	pthread_mutex_lock(&pool_mu);
+	pthread_mutex_lock(&gp.pools.mu);
 	pool_find(pool, dev, 1);
-	pthread_mutex_unlock(&pool_mu);
+	pthread_mutex_unlock(&gp.pools.mu);
 }
 
 int gp_pool_dev(uint64_t pool)
 {
-	pthread_mutex_lock(&pool_mu);
+	pthread_mutex_lock(&gp.pools.mu);
 	int i = pool_find(pool, -1, 0);
-	int dev = i < 0 ? -1 : pools[i].dev;
-	pthread_mutex_unlock(&pool_mu);
+	int dev = i < 0 ? -1 : gp.pools.e[i].dev;
+	pthread_mutex_unlock(&gp.pools.mu);
 	return dev;
 }
 
@@ -236,101 +226,101 @@ static void reconcile_locked(int i, uint64_t reserved)
 {
 	if (reserved == GP_RESERVED_UNKNOWN)
 		return;
-	uint64_t want = reserved > pools[i].live ? reserved - pools[i].live : 0;
-	if (want > pools[i].slack)
-		gp_charge_force(pools[i].dev, want - pools[i].slack); /* the driver already holds it */
+	uint64_t want = reserved > gp.pools.e[i].live ? reserved - gp.pools.e[i].live : 0;
+	if (want > gp.pools.e[i].slack)
+		gp_charge_force(gp.pools.e[i].dev, want - gp.pools.e[i].slack); /* the driver already holds it */
 	else
-		gp_uncharge(pools[i].dev, pools[i].slack - want);
-	pools[i].slack = want;
+		gp_uncharge(gp.pools.e[i].dev, gp.pools.e[i].slack - want);
+	gp.pools.e[i].slack = want;
 }
 
 /* Memory the pool already holds (slack) serves the request first; only
  * the rest is charged, and refused if over the limit. */
 CUresult gp_pool_begin(uint64_t pool, int dev, uint64_t size, uint64_t *taken)
 {
-	pthread_mutex_lock(&pool_mu);
+	pthread_mutex_lock(&gp.pools.mu);
 	int i = pool_find(pool, dev, 1);
 	if (i < 0) {
-		pthread_mutex_unlock(&pool_mu);
+		pthread_mutex_unlock(&gp.pools.mu);
 		*taken = 0;
 		return gp_charge(dev, size);
 	}
-	uint64_t take = pools[i].slack < size ? pools[i].slack : size;
+	uint64_t take = gp.pools.e[i].slack < size ? gp.pools.e[i].slack : size;
 	CUresult rc = gp_charge(dev, size - take);
 	if (rc == CUDA_SUCCESS) {
-		pools[i].slack -= take;
-		pools[i].live += size;
+		gp.pools.e[i].slack -= take;
+		gp.pools.e[i].live += size;
 		*taken = take;
 	}
-	pthread_mutex_unlock(&pool_mu);
+	pthread_mutex_unlock(&gp.pools.mu);
 	return rc;
 }
 
 void gp_pool_end(uint64_t pool, int dev, uint64_t size, uint64_t taken, int ok, uint64_t reserved)
 {
-	pthread_mutex_lock(&pool_mu);
+	pthread_mutex_lock(&gp.pools.mu);
 	int i = pool_find(pool, dev, 0);
 	if (i < 0) {
 		if (!ok)
 			gp_uncharge(dev, size);
 	} else {
 		if (!ok) {
-			pools[i].live -= size;
+			gp.pools.e[i].live -= size;
 			gp_uncharge(dev, size - taken);
-			pools[i].slack += taken;
+			gp.pools.e[i].slack += taken;
 		}
 		reconcile_locked(i, reserved);
 	}
-	pthread_mutex_unlock(&pool_mu);
+	pthread_mutex_unlock(&gp.pools.mu);
 }
 
 void gp_pool_freed(uint64_t pool, int dev, uint64_t size, uint64_t reserved)
 {
-	pthread_mutex_lock(&pool_mu);
+	pthread_mutex_lock(&gp.pools.mu);
 	int i = pool_find(pool, dev, 0);
 	if (i < 0 || reserved == GP_RESERVED_UNKNOWN) {
 		/* Without the driver's figure, assume the pool let it go. */
 		if (i >= 0)
-			pools[i].live -= size;
+			gp.pools.e[i].live -= size;
 		gp_uncharge(dev, size);
 	} else {
 		/* The block goes back to the pool, which may keep it reserved. */
-		pools[i].live -= size;
-		pools[i].slack += size;
+		gp.pools.e[i].live -= size;
+		gp.pools.e[i].slack += size;
 		reconcile_locked(i, reserved);
 	}
-	pthread_mutex_unlock(&pool_mu);
+	pthread_mutex_unlock(&gp.pools.mu);
 }
 
 void gp_pool_reconcile(uint64_t pool, int dev, uint64_t reserved)
 {
-	pthread_mutex_lock(&pool_mu);
+	pthread_mutex_lock(&gp.pools.mu);
 	int i = pool_find(pool, dev, 0);
 	if (i >= 0)
 		reconcile_locked(i, reserved);
-	pthread_mutex_unlock(&pool_mu);
+	pthread_mutex_unlock(&gp.pools.mu);
 }
 
 uint64_t gp_pool_live(uint64_t pool)
 {
-	pthread_mutex_lock(&pool_mu);
+	pthread_mutex_lock(&gp.pools.mu);
 	int i = pool_find(pool, -1, 0);
-	uint64_t live = i < 0 ? 0 : pools[i].live;
-	pthread_mutex_unlock(&pool_mu);
+	uint64_t live = i < 0 ? 0 : gp.pools.e[i].live;
+	pthread_mutex_unlock(&gp.pools.mu);
 	return live;
 }
 
 int gp_pool_list(int dev, uint64_t *out, int max)
 {
 	int n = 0;
-	pthread_mutex_lock(&pool_mu);
-	for (int i = 0; i < npools; i++)
-		if (pools[i].dev == dev) {
+	pthread_mutex_lock(&gp.pools.mu);
+	for (int i = 0; i < gp.pools.n; i++)
+		if (gp.pools.e[i].dev == dev) {
 			if (out && n < max)
-				out[n] = pools[i].pool;
+				out[n] = gp.pools.e[i].pool;
 			n++;
 		}
-	pthread_mutex_unlock(&pool_mu);
+	pthread_mutex_unlock(&gp.pools.mu);
 	return n;
 }
 
@@ -386,18 +376,6 @@ uint64_t gp_mipmap_bytes(size_t w, size_t h, size_t d, int format, unsigned ch, 
  * after mapping). Such a handle stays charged until then. Mapping calls
  * are rare, so a mutex and linear scans do. */
 
-struct vmm_map {
-	uint64_t va, size, handle;
-};
-struct vmm_deferred {
-	uint64_t handle, size;
-	int dev;
-};
-static struct vmm_map *maps;
-static size_t nmaps, capmaps;
-static struct vmm_deferred *deferred;
-static size_t ndeferred, capdeferred;
-static pthread_mutex_t vmm_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static int grow(void **p, size_t *cap, size_t n, size_t elem)
 {
@@ -414,16 +392,16 @@ static int grow(void **p, size_t *cap, size_t n, size_t elem)
 
 void gp_vmm_mapped(uint64_t va, uint64_t size, uint64_t handle)
 {
-	pthread_mutex_lock(&vmm_mu);
-	if (grow((void **)&maps, &capmaps, nmaps, sizeof *maps) == 0)
-		maps[nmaps++] = (struct vmm_map){va, size, handle};
-	pthread_mutex_unlock(&vmm_mu);
+	pthread_mutex_lock(&gp.vmm.mu);
+	if (grow((void **)&gp.vmm.maps, &gp.vmm.capmaps, gp.vmm.nmaps, sizeof *gp.vmm.maps) == 0)
+		gp.vmm.maps[gp.vmm.nmaps++] = (struct gp_vmm_map){va, size, handle};
+	pthread_mutex_unlock(&gp.vmm.mu);
 }
 
 static int mapped_locked(uint64_t handle)
 {
-	for (size_t i = 0; i < nmaps; i++)
-		if (maps[i].handle == handle)
+	for (size_t i = 0; i < gp.vmm.nmaps; i++)
+		if (gp.vmm.maps[i].handle == handle)
 			return 1;
 	return 0;
 }
@@ -431,38 +409,38 @@ static int mapped_locked(uint64_t handle)
 /* After a successful cuMemRelease: uncharge now, or when the last mapping goes. */
 void gp_vmm_released(uint64_t handle, int dev, uint64_t size)
 {
-	pthread_mutex_lock(&vmm_mu);
-	if (mapped_locked(handle) && grow((void **)&deferred, &capdeferred, ndeferred, sizeof *deferred) == 0)
-		deferred[ndeferred++] = (struct vmm_deferred){handle, size, dev};
+	pthread_mutex_lock(&gp.vmm.mu);
+	if (mapped_locked(handle) && grow((void **)&gp.vmm.deferred, &gp.vmm.capdeferred, gp.vmm.ndeferred, sizeof *gp.vmm.deferred) == 0)
+		gp.vmm.deferred[gp.vmm.ndeferred++] = (struct gp_vmm_deferred){handle, size, dev};
 	else
 		gp_uncharge(dev, size);
-	pthread_mutex_unlock(&vmm_mu);
+	pthread_mutex_unlock(&gp.vmm.mu);
 }
 
 void gp_vmm_unmapped(uint64_t va, uint64_t size)
 {
-	pthread_mutex_lock(&vmm_mu);
-	for (size_t i = 0; i < nmaps;) {
-		if (maps[i].va >= va && maps[i].va - va < size) {
-			uint64_t h = maps[i].handle;
-			maps[i] = maps[--nmaps];
+	pthread_mutex_lock(&gp.vmm.mu);
+	for (size_t i = 0; i < gp.vmm.nmaps;) {
+		if (gp.vmm.maps[i].va >= va && gp.vmm.maps[i].va - va < size) {
+			uint64_t h = gp.vmm.maps[i].handle;
+			gp.vmm.maps[i] = gp.vmm.maps[--gp.vmm.nmaps];
 			if (mapped_locked(h))
 				continue;
-			for (size_t j = 0; j < ndeferred; j++)
-				if (deferred[j].handle == h) {
-					gp_uncharge(deferred[j].dev, deferred[j].size);
-					deferred[j] = deferred[--ndeferred];
+			for (size_t j = 0; j < gp.vmm.ndeferred; j++)
+				if (gp.vmm.deferred[j].handle == h) {
+					gp_uncharge(gp.vmm.deferred[j].dev, gp.vmm.deferred[j].size);
+					gp.vmm.deferred[j] = gp.vmm.deferred[--gp.vmm.ndeferred];
 					break;
 				}
 			continue;
 		}
 		i++;
 	}
-	pthread_mutex_unlock(&vmm_mu);
+	pthread_mutex_unlock(&gp.vmm.mu);
 }
 
 void gp_vmm_reset(void)
 {
-	pthread_mutex_init(&vmm_mu, NULL);
-	nmaps = ndeferred = 0;
+	pthread_mutex_init(&gp.vmm.mu, NULL);
+	gp.vmm.nmaps = gp.vmm.ndeferred = 0;
 }

@@ -25,7 +25,13 @@
 
 #include "state.h"
 
-struct gp_state gp = {.once = PTHREAD_ONCE_INIT};
+struct gp_state gp = {
+	.once = PTHREAD_ONCE_INIT,
+	.nvml_once = PTHREAD_ONCE_INIT,
+	.primary_mu = PTHREAD_MUTEX_INITIALIZER,
+	.pools = {.mu = PTHREAD_MUTEX_INITIALIZER},
+	.vmm = {.mu = PTHREAD_MUTEX_INITIALIZER},
+};
 
 #define UNPAREN(...) __VA_ARGS__
 #define GP_INST 3
@@ -66,7 +72,6 @@ static void *real_of(int i);
 #include "hooks.def"
 #undef X
 
-static pthread_once_t nvml_once = PTHREAD_ONCE_INIT;
 static void nvml_load(void);
 
 /* Exported wrappers: bound to the symbol of the same name in the driver. */
@@ -75,7 +80,7 @@ static void nvml_load(void);
 	{                                                                                 \
 		gp_init();                                                                \
 		if (lib == LIB_NVML)                                                      \
-			pthread_once(&nvml_once, nvml_load);                              \
+			pthread_once(&gp.nvml_once, nvml_load);                              \
 		void *r = atomic_load_explicit(&hooks[IDX_##sym].exported_real, memory_order_acquire); \
 		if (__builtin_expect(r == NULL, 0))                                       \
 			r = real_of(IDX_##sym);                                           \
@@ -666,7 +671,6 @@ static int h_cuCtxDestroy_v2(fn_cuCtxDestroy_v2 real, CUcontext ctx)
 	return rc;
 }
 
-static pthread_mutex_t primary_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static int h_cuDevicePrimaryCtxRetain(fn_cuDevicePrimaryCtxRetain real, CUcontext *ctx, CUdevice dev)
 {
@@ -678,7 +682,7 @@ static int h_cuDevicePrimaryCtxRetain(fn_cuDevicePrimaryCtxRetain real, CUcontex
 			atomic_store(&gp.primary_ctx[dev], (uint64_t)(uintptr_t)*ctx);
 		return rc;
 	}
-	pthread_mutex_lock(&primary_mu);
+	pthread_mutex_lock(&gp.primary_mu);
 	CUresult rc = CUDA_SUCCESS;
 	int first = atomic_load(&gp.primary_refs[dev]) == 0;
 	if (first)
@@ -692,7 +696,7 @@ static int h_cuDevicePrimaryCtxRetain(fn_cuDevicePrimaryCtxRetain real, CUcontex
 		else if (first)
 			gp_uncharge(dev, gp.cfg.ctx_reserve);
 	}
-	pthread_mutex_unlock(&primary_mu);
+	pthread_mutex_unlock(&gp.primary_mu);
 	return rc;
 }
 
@@ -701,10 +705,10 @@ static int h_cuDevicePrimaryCtxRelease_v2(fn_cuDevicePrimaryCtxRelease_v2 real, 
 	CUresult rc = real(dev);
 	if (rc != CUDA_SUCCESS || !mem_on() || !gp.cfg.ctx_reserve || !gp_mem_limited(dev))
 		return rc;
-	pthread_mutex_lock(&primary_mu);
+	pthread_mutex_lock(&gp.primary_mu);
 	if (atomic_load(&gp.primary_refs[dev]) > 0 && atomic_fetch_sub(&gp.primary_refs[dev], 1) == 1)
 		gp_uncharge(dev, gp.cfg.ctx_reserve);
-	pthread_mutex_unlock(&primary_mu);
+	pthread_mutex_unlock(&gp.primary_mu);
 	return rc;
 }
 
@@ -936,7 +940,7 @@ GP_NO_SAN __attribute__((visibility("default"))) void *dlsym(void *handle, const
 		return r;
 	gp_init();
 	if (h->lib == LIB_NVML)
-		pthread_once(&nvml_once, nvml_load);
+		pthread_once(&gp.nvml_once, nvml_load);
 	if (gp.cfg.disabled)
 		return r;
 	return (r == real_of((int)(h - hooks)) || r == h->wrapper) ? h->wrapper : r;

@@ -5,7 +5,10 @@
  *   account.c  allocation tracking and limit checks per device
  *   limiter.c  the SM limiter (token bucket + utilisation feedback)
  *   dispatch.c exported cu* and nvml* wrappers, cuGetProcAddress, dlsym
- * Nothing outside `gp` is mutable global state.
+ * Nothing outside `gp` is mutable global state, except the dispatch table
+ * in dispatch.c (constant but for driver pointers filled in on first use)
+ * and the log level in config.c (the logger works before `gp` exists, and
+ * in the parser's test program, which has no `gp`).
  */
 #ifndef GPUPACK_STATE_H
 #define GPUPACK_STATE_H
@@ -153,6 +156,34 @@ double gp_limiter_next_rate(double rate, double target, double util, double obse
 
 /* ---- the state --------------------------------------------------------- */
 
+#define GP_MAX_POOLS 256
+
+struct gp_pools {
+	pthread_mutex_t mu; /* pool calls are rare next to plain allocations */
+	int n;
+	struct {
+		uint64_t pool;
+		int dev;
+		uint64_t live;  /* bytes of live allocations from the pool (ours) */
+		uint64_t slack; /* charged beyond live: reserved - live, last we knew */
+	} e[GP_MAX_POOLS];
+};
+
+struct gp_vmm_map {
+	uint64_t va, size, handle;
+};
+struct gp_vmm_deferred {
+	uint64_t handle, size;
+	int dev;
+};
+struct gp_vmm {
+	pthread_mutex_t mu;
+	struct gp_vmm_map *maps;        /* live cuMemMap ranges */
+	size_t nmaps, capmaps;
+	struct gp_vmm_deferred *deferred; /* released handles still mapped */
+	size_t ndeferred, capdeferred;
+};
+
 typedef CUresult (*gp_fn_ctxgetdevice)(CUdevice *);
 typedef CUresult (*gp_fn_ctxgetcurrent)(CUcontext *);
 typedef nvmlReturn_t (*gp_fn_nvml_index)(nvmlDevice_t, unsigned int *);
@@ -188,6 +219,10 @@ struct gp_state {
 	_Atomic int primary_refs[GP_MAX_DEV];
 	_Atomic int sm_active; /* any device throttled: launches take the slow path */
 	struct gp_limiter lim[GP_MAX_DEV];
+	struct gp_pools pools;
+	struct gp_vmm vmm;
+	pthread_mutex_t primary_mu; /* primary-context refcounts and reserve */
+	pthread_once_t nvml_once;
 	pthread_t limiter_thread;
 	_Atomic int limiter_started;
 };
