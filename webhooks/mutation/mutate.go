@@ -44,8 +44,9 @@ type PodContext struct {
 
 // tmpl is the outcome of mutating one pod template.
 type tmpl struct {
-	reqs []gpureq.Request // per regular container, after conversion
-	warn []string
+	reqs   []gpureq.Request // per regular container, after conversion
+	warn   []string
+	anyGPU bool
 }
 
 // model is the GPU model a pod can land on.
@@ -157,12 +158,17 @@ func (m *Mutator) template(where string, jobAnn map[string]string, t *corev1.Pod
 		}
 		out.reqs = append(out.reqs, req)
 	}
-	if !anyGPU && (spec.HasMemory() || spec.Cores > 0) {
+	out.anyGPU = anyGPU
+	// Only the template's own request must find a GPU container: a job-level
+	// default also reaches CPU-only replicas (a PyTorchJob's master), which
+	// simply do not use it.
+	own := hasAny(t.Annotations, memoryKeys) || hasAny(t.Annotations, coresKeys)
+	if !anyGPU && own && (spec.HasMemory() || spec.Cores > 0) {
 		return out, fmt.Errorf("%s: %s/%s is set but no container asks for %s in its limits; add %s: 1 (or more) to the GPU container", where, v1alpha1.AnnotationGPUMemory, v1alpha1.AnnotationGPUCores, v1alpha1.ResourceNvidiaGPU, v1alpha1.ResourceNvidiaGPU)
 	}
 	// Carry job-level defaults down so the pods (which never see the job's
 	// annotations) read the same request.
-	if jobAnn != nil {
+	if jobAnn != nil && anyGPU {
 		copyKeys := func(keys []string) {
 			if hasAny(t.Annotations, keys) {
 				return
@@ -218,6 +224,7 @@ func convert(c *corev1.Container, req gpureq.Request) {
 // PyTorchJob mutates a kubeflow.org/v1 PyTorchJob in place.
 func (m *Mutator) PyTorchJob(j *kftraining.PyTorchJob) ([]string, error) {
 	var warn []string
+	anyGPU := false
 	types := make([]string, 0, len(j.Spec.PyTorchReplicaSpecs))
 	for rt := range j.Spec.PyTorchReplicaSpecs {
 		types = append(types, string(rt))
@@ -233,14 +240,28 @@ func (m *Mutator) PyTorchJob(j *kftraining.PyTorchJob) ([]string, error) {
 			return warn, err
 		}
 		warn = append(warn, r.warn...)
+		anyGPU = anyGPU || r.anyGPU
+	}
+	if err := jobLevelNeedsGPU(j.Annotations, anyGPU); err != nil {
+		return warn, err
 	}
 	return warn, nil
+}
+
+func jobLevelNeedsGPU(ann map[string]string, anyGPU bool) error {
+	if !anyGPU && (hasAny(ann, memoryKeys) || hasAny(ann, coresKeys)) {
+		return fmt.Errorf("job: %s/%s is set but no container asks for %s in its limits; add %s: 1 (or more) to the GPU container", v1alpha1.AnnotationGPUMemory, v1alpha1.AnnotationGPUCores, v1alpha1.ResourceNvidiaGPU, v1alpha1.ResourceNvidiaGPU)
+	}
+	return nil
 }
 
 // Job mutates a batch/v1 Job in place.
 func (m *Mutator) Job(j *batchv1.Job) ([]string, error) {
 	r, err := m.template("pod template", nonNil(j.Annotations), &j.Spec.Template)
-	return r.warn, err
+	if err != nil {
+		return r.warn, err
+	}
+	return r.warn, jobLevelNeedsGPU(j.Annotations, r.anyGPU)
 }
 
 func nonNil(m map[string]string) map[string]string {

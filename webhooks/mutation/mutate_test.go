@@ -301,3 +301,28 @@ func TestModelAndPercent(t *testing.T) {
 func ptr[T any](v T) *T { return &v }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// A job-level default reaches a CPU-only master without denying it, and is
+// not copied onto it (its pods would then be denied).
+func TestJobDefaultSkipsCPUReplicas(t *testing.T) {
+	m := mustNew(t, Config{})
+	j := makePyTorchJob(map[string]string{v1alpha1.AnnotationGPUMemory: "20Gi"}, map[string]corev1.PodTemplateSpec{
+		"Master": template(nil, makeCtr("pytorch").limit("cpu", "1").obj()),
+		"Worker": template(nil, makeCtr("pytorch").gpus("1").obj()),
+	})
+	if _, err := m.PyTorchJob(j); err != nil {
+		t.Fatal(err)
+	}
+	if ann := j.Spec.PyTorchReplicaSpecs["Master"].Template.Annotations; len(ann) != 0 {
+		t.Errorf("master annotations = %v", ann)
+	}
+	if ann := j.Spec.PyTorchReplicaSpecs["Worker"].Template.Annotations; ann[v1alpha1.AnnotationGPUMemory] != "20Gi" {
+		t.Errorf("worker annotations = %v", ann)
+	}
+	cpuOnly := makePyTorchJob(map[string]string{v1alpha1.AnnotationGPUMemory: "20Gi"}, map[string]corev1.PodTemplateSpec{
+		"Master": template(nil, makeCtr("pytorch").limit("cpu", "1").obj()),
+	})
+	if _, err := m.PyTorchJob(cpuOnly); err == nil || !strings.Contains(err.Error(), "no container asks for nvidia.com/gpu") {
+		t.Errorf("job-level memory without any GPU: %v", err)
+	}
+}
