@@ -186,3 +186,13 @@ func TestConcurrentThreadsStayUnderTheLimit(t *testing.T) {
 		})
 	}
 }
+
+// exec() keeps the pid but drops the old image's device memory: the new
+// image must not inherit the old image's charge.
+func TestExecDropsThePreviousImagesShare(t *testing.T) {
+	e := env{"FAKECUDA_MEM": fmt.Sprint(1 * gib), "CUDA_DEVICE_MEMORY_LIMIT": "64m",
+		"CUDA_DEVICE_MEMORY_SHARED_CACHE": filepath.Join(t.TempDir(), "cache")}.hooked()
+	if n := num(t, run(t, e, "gpa", "exec", fmt.Sprint(4*mib)), "n"); n != 16 {
+		t.Errorf("after exec the process got %d chunks, want the whole limit (16)", n)
+	}
+}

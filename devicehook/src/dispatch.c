@@ -153,6 +153,10 @@ static void atfork_child(void)
 	for (int d = 0; d < GP_MAX_DEV; d++)
 		atomic_store(&gp.primary_refs[d], 0);
 	atomic_store(&gp.limiter_started, 0);
+	/* Locks another thread held at fork() stay locked in the child. */
+	for (int d = 0; d < GP_MAX_DEV; d++)
+		pthread_mutex_init(&gp.lim[d].mu, NULL);
+	pthread_mutex_init(&gp.primary_mu, NULL);
 	if (gp.region.shared) {
 		gp.region.slot = -1;
 		gp_region_attach(&gp.region);

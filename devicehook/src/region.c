@@ -25,7 +25,10 @@
  *      process takes over the same way (zeroing is idempotent). Nobody
  *      ever waits on another process.
  *  I6. Liveness is kill(pid, 0) plus the process start time recorded in
- *      the slot, so a recycled pid does not keep a dead slot alive.
+ *      the slot, so a recycled pid does not keep a dead slot alive. A
+ *      slot that already carries our own pid belongs to the image this
+ *      process exec'd away from (its device memory went with it): attach
+ *      reclaims it.
  *  I7. Layout is versioned by `magic`; a region with another magic is not
  *      touched (accounting falls back to per-process, loudly).
  */
@@ -195,6 +198,17 @@ int gp_region_attach(struct gp_region_handle *h)
 {
 	pid_t self = getpid();
 	struct gp_region *r = h->r;
+	uint32_t hw0 = atomic_load(&r->hw);
+	for (uint32_t i = 0; i < hw0 && i < GP_MAX_SLOTS; i++) {
+		uint64_t o = (uint64_t)self;
+		if (atomic_load(&r->slots[i].owner) != o)
+			continue;
+		if (atomic_compare_exchange_strong(&r->slots[i].owner, &o, GP_RECLAIM | (uint64_t)self)) {
+			zero_slot(&r->slots[i]);
+			atomic_store(&r->slots[i].owner, 0);
+			gp_log(GP_LOG_INFO, "reclaimed slot %u of this process's previous image", i);
+		}
+	}
 	for (int pass = 0; pass < 2; pass++) {
 		for (int i = 0; i < GP_MAX_SLOTS; i++) {
 			uint64_t z = 0;

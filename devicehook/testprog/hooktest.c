@@ -305,6 +305,21 @@ static int cmd_poolhold(uint64_t chunk, int k)
 	return 0;
 }
 
+/* exec CHUNK: hold 8 chunks, then exec `grab` in the same process. */
+static int cmd_exec(uint64_t chunk, char *self)
+{
+	ctx(0);
+	for (int i = 0; i < 8; i++)
+		if (a_mem(chunk, &handles[i]))
+			die("cuMemAlloc_v2", i);
+	char n[32];
+	snprintf(n, sizeof n, "%llu", (unsigned long long)chunk);
+	char *argv[] = {self, (char *)mode, "grab", n, NULL};
+	execv(self, argv);
+	die("execv", errno);
+	return 1;
+}
+
 /* fork CHUNK: the parent holds 8 chunks and forks; the child allocates
  * until refused and exits; then the parent does. */
 static int cmd_fork(uint64_t chunk)
@@ -645,6 +660,8 @@ int main(int argc, char **argv)
 		return cmd_ctxgone(a);
 	if (!strcmp(c, "vmmmap"))
 		return cmd_vmmmap(a);
+	if (!strcmp(c, "exec"))
+		return cmd_exec(a, argv[0]);
 	if (!strcmp(c, "fork"))
 		return cmd_fork(a);
 	if (!strcmp(c, "query"))
