@@ -191,19 +191,52 @@ func (p *Plugin) ListAndWatch(_ *pluginapi.Empty, s pluginapi.DevicePlugin_ListA
 }
 
 // GetPreferredAllocation steers the kubelet to the planned GPUs.
-func (p *Plugin) GetPreferredAllocation(_ context.Context, req *pluginapi.PreferredAllocationRequest) (*pluginapi.PreferredAllocationResponse, error) {
+func (p *Plugin) GetPreferredAllocation(ctx context.Context, req *pluginapi.PreferredAllocationRequest) (*pluginapi.PreferredAllocationResponse, error) {
 	pods, err := p.cfg.Pods.List()
 	if err != nil {
 		return nil, fmt.Errorf("list pods: %w", err)
+	}
+	res := corev1.ResourceName(p.cfg.ResourceName)
+	// The kubelet asks right after binding; the informer may not have the
+	// pod yet. Give it a moment to show up rather than steer the kubelet to
+	// slots that Allocate will then refuse.
+	deadline := time.Now().Add(p.cfg.AllocateWait / 2)
+	for p.waitForPlan(pods, req) && time.Now().Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+		if pods, err = p.cfg.Pods.List(); err != nil {
+			return nil, fmt.Errorf("list pods: %w", err)
+		}
 	}
 	resp := &pluginapi.PreferredAllocationResponse{}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, cr := range req.ContainerRequests {
-		ids := Preferred(cr.AvailableDeviceIDs, cr.MustIncludeDeviceIDs, int(cr.AllocationSize), pods, p.cfg.NodeName, corev1.ResourceName(p.cfg.ResourceName), p.allocated)
+		ids := Preferred(cr.AvailableDeviceIDs, cr.MustIncludeDeviceIDs, int(cr.AllocationSize), pods, p.cfg.NodeName, res, p.allocated)
 		resp.ContainerResponses = append(resp.ContainerResponses, &pluginapi.ContainerPreferredAllocationResponse{DeviceIDs: ids})
 	}
 	return resp, nil
+}
+
+// waitForPlan reports whether some container request has no pending planned
+// chunk of its size yet.
+func (p *Plugin) waitForPlan(pods []*corev1.Pod, req *pluginapi.PreferredAllocationRequest) bool {
+	p.mu.Lock()
+	next, _ := pending(pods, p.cfg.NodeName, corev1.ResourceName(p.cfg.ResourceName), p.allocated)
+	p.mu.Unlock()
+	for _, cr := range req.ContainerRequests {
+		found := false
+		for _, c := range next {
+			found = found || len(c.Devices) == int(cr.AllocationSize)
+		}
+		if !found {
+			return true
+		}
+	}
+	return false
 }
 
 // Allocate answers each container with its planned GPUs.

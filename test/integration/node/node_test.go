@@ -21,7 +21,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	v1alpha1 "github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
 	"github.com/gpupack/gpupack/devicehook/node/agent"
@@ -184,23 +183,26 @@ func TestNodeAgent(t *testing.T) {
 		g5, g6 := hw.GPUs[5].UUID(), hw.GPUs[6].UUID()
 		planned := gpuPod("planned", ns, g6+":30000,"+g5+":20000", 2)
 		env.MustCreate(t, planned)
-		var r *pluginapi.ContainerAllocateResponse
-		env.Eventually(t, 20*time.Second, "Allocate for the planned pod", func() (bool, string) {
-			var err error
-			r, _, err = kubelet.Allocate(env.Ctx, v1alpha1.ResourceVGPU, 2)
-			return err == nil, fmt.Sprint(err)
-		})
+		// At once, as the kubelet would right after binding: the plugin
+		// waits for its informer to see the pod.
+		r, ids, err := kubelet.Allocate(env.Ctx, v1alpha1.ResourceVGPU, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := cmp.Diff([]string{g6 + "::0", g5 + "::0"}, ids); d != "" {
+			t.Errorf("preferred slots (-want +got):\n%s", d)
+		}
 		want := map[string]string{
-			v1alpha1.EnvVisibleDevices:    g5 + "," + g6,
+			v1alpha1.EnvVisibleDevices:     g5 + "," + g6,
 			v1alpha1.EnvMemoryLimit + "_0": "20000m",
 			v1alpha1.EnvMemoryLimit + "_1": "30000m",
-			v1alpha1.EnvSharedCache:       v1alpha1.DefaultSharedCacheDir + "/main.cache",
+			v1alpha1.EnvSharedCache:        v1alpha1.DefaultSharedCacheDir + "/main.cache",
 		}
 		if d := cmp.Diff(want, r.Envs); d != "" {
 			t.Errorf("envs (-want +got):\n%s", d)
 		}
 		env.MustCreate(t, gpuPod("unplanned", ns, "", 1))
-		_, _, err := kubelet.Allocate(env.Ctx, v1alpha1.ResourceVGPU, 1)
+		_, _, err = kubelet.Allocate(env.Ctx, v1alpha1.ResourceVGPU, 1)
 		if err == nil || !strings.Contains(err.Error(), "no planned pod is waiting for GPUs here") {
 			t.Errorf("unplanned pod: err = %v, want a clear refusal", err)
 		}
@@ -241,8 +243,37 @@ func TestNodeAgent(t *testing.T) {
 		if v, _ := metrics.Value(a.Registry(), "gpupack_node_bypass_evictions_total", map[string]string{}); v != 1 {
 			t.Errorf("evictions metric = %v, want 1", v)
 		}
-		if len(events(env, ns, bypass.ReasonEvicted, pod.UID)) == 0 {
-			t.Errorf("no %s event", bypass.ReasonEvicted)
+		env.Eventually(t, 20*time.Second, bypass.ReasonEvicted+" event", func() (bool, string) {
+			return len(events(env, ns, bypass.ReasonEvicted, pod.UID)) > 0, "none"
+		})
+	})
+
+	// agent.Publish is the one-pass entry point other suites call.
+	t.Run("NVL trays are labelled by fabric clique", func(t *testing.T) {
+		cluster := nvmlfake.ClusterUUID(0x5a)
+		trays := []struct {
+			name   string
+			clique uint32
+		}{{"tray-1", 1}, {"tray-2", 1}, {"tray-3", 2}}
+		for _, tr := range trays {
+			env.MustCreate(t, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: tr.name}})
+			if _, err := agent.Publish(env.Ctx, env.Clientset, nvmlfake.NVLTray(4, cluster, tr.clique), tr.name, flavors.DefaultBuffer(), 10); err != nil {
+				t.Fatal(err)
+			}
+		}
+		got := map[string]string{}
+		for _, tr := range trays {
+			n, err := env.Clientset.CoreV1().Nodes().Get(env.Ctx, tr.name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got[tr.name] = n.Labels[v1alpha1.LabelNVLinkDomain]
+			if c := capacity(n, v1alpha1.ResourceVGPU); c != 40 {
+				t.Errorf("%s vgpu capacity %d, want 40", tr.name, c)
+			}
+		}
+		if got["tray-1"] != got["tray-2"] || got["tray-1"] == got["tray-3"] || !strings.HasSuffix(got["tray-3"], "-2") {
+			t.Errorf("domains = %v; want tray-1 = tray-2 (clique 1) ≠ tray-3 (clique 2)", got)
 		}
 	})
 }
@@ -271,36 +302,5 @@ func writeCgroup(t *testing.T, procRoot string, pid int, uid types.UID) {
 	cg := "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod" + strings.ReplaceAll(string(uid), "-", "_") + ".slice/cri-containerd-abc.scope\n"
 	if err := os.WriteFile(filepath.Join(dir, "cgroup"), []byte(cg), 0o644); err != nil {
 		t.Fatal(err)
-	}
-}
-
-// TestPublishTwoCliques: agent.Publish (the one-pass entry point other
-// suites call) labels NVL trays by fabric clique through the real apiserver.
-func TestPublishTwoCliques(t *testing.T) {
-	env := framework.Start(t, framework.Options{NoKueue: true})
-	cluster := nvmlfake.ClusterUUID(0x5a)
-	trays := []struct {
-		name   string
-		clique uint32
-	}{{"tray-1", 1}, {"tray-2", 1}, {"tray-3", 2}}
-	for _, tr := range trays {
-		env.MustCreate(t, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: tr.name}})
-		if _, err := agent.Publish(env.Ctx, env.Clientset, nvmlfake.NVLTray(4, cluster, tr.clique), tr.name, flavors.DefaultBuffer(), 10); err != nil {
-			t.Fatal(err)
-		}
-	}
-	got := map[string]string{}
-	for _, tr := range trays {
-		n, err := env.Clientset.CoreV1().Nodes().Get(env.Ctx, tr.name, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		got[tr.name] = n.Labels[v1alpha1.LabelNVLinkDomain]
-		if c := capacity(n, v1alpha1.ResourceVGPU); c != 40 {
-			t.Errorf("%s vgpu capacity %d, want 40", tr.name, c)
-		}
-	}
-	if got["tray-1"] != got["tray-2"] || got["tray-1"] == got["tray-3"] || !strings.HasSuffix(got["tray-3"], "-2") {
-		t.Errorf("domains = %v; want tray-1 = tray-2 (clique 1) ≠ tray-3 (clique 2)", got)
 	}
 }
