@@ -38,7 +38,9 @@ func TestSanitizerBuild(t *testing.T) {
 	e["GPUPACK_SM_PERIOD_MS"] = "10"
 	e["FAKECUDA_STATE"] = filepath.Join(t.TempDir(), "device")
 	run(t, e, "gpa", "launch", "ex", "0.5", "0.1")
-	run(t, san(base()), "direct", "rtld-next")
+	if kv := run(t, san(base()), "direct", "rtld-next"); kv["next_is_default"] != "1" || kv["default_is_direct"] != "1" {
+		t.Errorf("asan rtld-next: %v", kv)
+	}
 }
 
 // asanEnv preloads the ASan/UBSan build of the library (after libasan,
