@@ -6,18 +6,20 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strings"
 	"testing"
 	"time"
 
 	jsonpatch "github.com/evanphx/json-patch/v5"
+	"golang.org/x/sys/unix"
 	"github.com/google/go-cmp/cmp"
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
+	kruntime "k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 	"sigs.k8s.io/yaml"
@@ -36,10 +38,10 @@ func request(t testing.TB, op admissionv1.Operation, obj, old any) admission.Req
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{Operation: op, Namespace: "ns", Object: runtime.RawExtension{Raw: raw}}}
+	r := admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{Operation: op, Namespace: "ns", Object: kruntime.RawExtension{Raw: raw}}}
 	if old != nil {
 		b, _ := json.Marshal(old)
-		r.OldObject = runtime.RawExtension{Raw: b}
+		r.OldObject = kruntime.RawExtension{Raw: b}
 	}
 	return r
 }
@@ -75,12 +77,12 @@ func gpuPod(mem string, env ...corev1.EnvVar) *corev1.Pod {
 	}
 }
 
-func handlers(t testing.TB, cfg mutation.Config, objs ...runtime.Object) map[string]admission.Handler {
+func handlers(t testing.TB, cfg mutation.Config, objs ...kruntime.Object) map[string]admission.Handler {
 	m, err := mutation.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := runtime.NewScheme()
+	s := kruntime.NewScheme()
 	_ = corev1.AddToScheme(s)
 	_ = batchv1.AddToScheme(s)
 	return Handlers(m, fake.NewClientBuilder().WithScheme(s).WithRuntimeObjects(objs...).Build())
@@ -182,26 +184,51 @@ func TestWebhookConfigurationsGolden(t *testing.T) {
 	}
 }
 
+// measure runs fn b.N times and reports wall p99 and, because the shared
+// build machines are heavily oversubscribed, the thread CPU time per call
+// (mean and p99), which waiting for a core does not inflate.
+func measure(b *testing.B, fn func()) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	wall := make([]time.Duration, 0, b.N)
+	cpu := make([]time.Duration, 0, b.N)
+	var ts unix.Timespec
+	threadCPU := func() time.Duration {
+		_ = unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts)
+		return time.Duration(ts.Nano())
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	var cpuSum time.Duration
+	for i := 0; i < b.N; i++ {
+		t0, c0 := time.Now(), threadCPU()
+		fn()
+		c := threadCPU() - c0
+		wall = append(wall, time.Since(t0))
+		cpu = append(cpu, c)
+		cpuSum += c
+	}
+	b.StopTimer()
+	p99 := func(d []time.Duration) float64 {
+		sort.Slice(d, func(i, j int) bool { return d[i] < d[j] })
+		return float64(d[len(d)*99/100].Nanoseconds())
+	}
+	b.ReportMetric(p99(wall), "p99-ns")
+	b.ReportMetric(float64(cpuSum.Nanoseconds())/float64(b.N), "cpu-ns/op")
+	b.ReportMetric(p99(cpu), "p99-cpu-ns")
+}
+
 // BenchmarkPodHandler measures one mutating admission of a fractional GPU
-// pod (decode, mutate, marshal, JSON patch) and reports p99.
+// pod (decode, mutate, marshal, JSON patch).
 func BenchmarkPodHandler(b *testing.B) {
 	h := handlers(b, mutation.Config{})[PathMutatePod]
 	req := request(b, admissionv1.Create, gpuPod("20Gi", corev1.EnvVar{Name: "HOME", Value: "/root"}), nil)
 	ctx := context.Background()
-	lat := make([]time.Duration, 0, b.N)
-	b.ReportAllocs()
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		t0 := time.Now()
-		resp := h.Handle(ctx, req)
-		lat = append(lat, time.Since(t0))
-		if !resp.Allowed {
+	measure(b, func() {
+		if resp := h.Handle(ctx, req); !resp.Allowed {
 			b.Fatal(resp.Result)
 		}
-	}
-	b.StopTimer()
-	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-	b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds()), "p99-ns")
+	})
 }
 
 // BenchmarkPodValidator measures the validating admission of the mutated pod.
@@ -211,18 +238,9 @@ func BenchmarkPodValidator(b *testing.B) {
 	var mutated corev1.Pod
 	apply(b, req, hs[PathMutatePod].Handle(context.Background(), req), &mutated)
 	vreq := request(b, admissionv1.Create, &mutated, nil)
-	lat := make([]time.Duration, 0, b.N)
-	b.ReportAllocs()
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		t0 := time.Now()
-		resp := hs[PathValidatePod].Handle(context.Background(), vreq)
-		lat = append(lat, time.Since(t0))
-		if !resp.Allowed {
+	measure(b, func() {
+		if resp := hs[PathValidatePod].Handle(context.Background(), vreq); !resp.Allowed {
 			b.Fatal(resp.Result)
 		}
-	}
-	b.StopTimer()
-	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-	b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds()), "p99-ns")
+	})
 }
