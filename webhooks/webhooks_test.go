@@ -13,8 +13,8 @@ import (
 	"time"
 
 	jsonpatch "github.com/evanphx/json-patch/v5"
-	"golang.org/x/sys/unix"
 	"github.com/google/go-cmp/cmp"
+	"golang.org/x/sys/unix"
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
