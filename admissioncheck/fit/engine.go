@@ -232,16 +232,19 @@ func (o Options) withDefaults() Options {
 }
 
 // narrower returns the levels under o.Level (all of them when Level is "" or
-// not listed).
+// not listed), without kubernetes.io/hostname: a node is its own
+// sub-domain, and grouping by it would only undo the node packing order.
 func (o Options) narrower() []string {
+	levels := o.Levels
 	for i, l := range o.Levels {
 		if l == o.Level {
-			return o.Levels[i+1:]
+			levels = o.Levels[i+1:]
+			break
 		}
 	}
-	out := make([]string, 0, len(o.Levels))
-	for _, l := range o.Levels {
-		if l != o.Level {
+	out := make([]string, 0, len(levels))
+	for _, l := range levels {
+		if l != o.Level && l != corev1.LabelHostname {
 			out = append(out, l)
 		}
 	}
@@ -428,7 +431,6 @@ type snode struct {
 	ni     int32
 	lo, hi int32 // the node's GPUs in Model.gpus
 	elig   uint64
-	name   string
 }
 
 type placed struct {
@@ -495,13 +497,16 @@ func (m *Model) newScratch(d *domainAgg, reqs []*req, o Options) *scratch {
 	s := &scratch{m: m, reqs: reqs, name: d.name, level: o.Level, selMiss: make([]int, len(reqs)), tainted: make([]int, len(reqs))}
 	so := m.order(o.narrower())
 	worst := o.Policy == v1alpha1.PolicyWorstFit
-	// Placement order: sub-domain first (locality), then free memory on the
-	// node (BestFit: fullest first, to keep empty nodes whole; WorstFit: the
-	// reverse), then name. Packed into one integer so sorting is cheap.
-	keys := m.keyBuf[:0]
 	if len(m.eligBuf) != len(m.nodes) {
 		m.eligBuf = make([]uint64, len(m.nodes))
+		m.subFree = make([]int64, len(m.nodes))
+		m.subWhole = make([]int64, len(m.nodes))
+		m.subPos = make([]int32, len(m.nodes))
+		m.subSeen = make([]bool, len(m.nodes))
 	}
+	// Pass 1: eligible nodes, and free memory / whole GPUs per sub-domain.
+	cands := m.candBuf[:0]
+	subs := m.subsBuf[:0]
 	for _, ni := range d.nodes {
 		n := &m.nodes[ni]
 		if !n.usable {
@@ -522,14 +527,62 @@ func (m *Model) newScratch(d *domainAgg, reqs []*req, o Options) *scratch {
 		if elig == 0 {
 			continue
 		}
+		m.eligBuf[ni] = elig
+		cands = append(cands, ni)
+		sub := so.sub[ni]
+		if !m.subSeen[sub] {
+			m.subSeen[sub] = true
+			subs = append(subs, sub)
+		}
+		m.subFree[sub] += n.freeMiB
+		m.subWhole[sub] += int64(n.whole)
+	}
+	// Sub-domains (values of the narrower levels) in locality order: those
+	// that could hold the whole gang by themselves first, tightest first
+	// (BestFit) or roomiest first (WorstFit); then the rest roomiest first,
+	// so a gang that must spread spans as few of them as possible.
+	var gangMiB, gangWhole int64
+	for _, r := range reqs {
+		if r.excl {
+			gangWhole += int64(r.count * r.g)
+		} else {
+			gangMiB += int64(r.count*r.g) * r.mem
+		}
+	}
+	alone := func(sub int32) bool { return m.subFree[sub] >= gangMiB && m.subWhole[sub] >= gangWhole }
+	slices.SortFunc(subs, func(a, b int32) int {
+		if alone(a) != alone(b) {
+			if alone(a) {
+				return -1
+			}
+			return 1
+		}
+		c := cmp.Compare(m.subFree[b], m.subFree[a]) // roomiest first
+		if alone(a) && !worst {
+			c = -c
+		}
+		return cmp.Or(c, cmp.Compare(a, b))
+	})
+	for i, sub := range subs {
+		m.subPos[sub] = int32(i)
+	}
+	// Pass 2: within a sub-domain, BestFit fills the fullest nodes first (to
+	// keep empty nodes whole for large pods), WorstFit the emptiest; then
+	// name. Packed into one integer so sorting is cheap.
+	keys := m.keyBuf[:0]
+	for _, ni := range cands {
+		n := &m.nodes[ni]
 		free := min(n.freeMiB, 1<<24-1)
 		if worst {
 			free = 1<<24 - 1 - free
 		}
-		keys = append(keys, uint64(so.sub[ni])<<44|uint64(free)<<20|uint64(so.rank[ni]))
-		m.eligBuf[ni] = elig
+		keys = append(keys, uint64(m.subPos[so.sub[ni]])<<44|uint64(free)<<20|uint64(so.rank[ni]))
 	}
-	slices.Sort(keys)
+	for _, sub := range subs {
+		m.subFree[sub], m.subWhole[sub], m.subSeen[sub] = 0, 0, false
+	}
+	m.candBuf, m.subsBuf = cands, subs
+	m.tmpBuf = sortKeys(keys, m.tmpBuf)
 	m.keyBuf = keys
 	if cap(m.nodeBuf) < len(keys) {
 		m.nodeBuf = make([]snode, len(keys))
@@ -538,7 +591,7 @@ func (m *Model) newScratch(d *domainAgg, reqs []*req, o Options) *scratch {
 	for i, k := range keys {
 		ni := so.byRk[k&(1<<20-1)]
 		n := &m.nodes[ni]
-		s.nodes[i] = snode{ni: ni, lo: n.lo, hi: n.hi, elig: m.eligBuf[ni], name: n.n.Name}
+		s.nodes[i] = snode{ni: ni, lo: n.lo, hi: n.hi, elig: m.eligBuf[ni]}
 	}
 	return s
 }
@@ -1037,7 +1090,7 @@ func (s *scratch) assignments(m *Model) []Assignment {
 			idx -= x.count
 		}
 		n := &s.nodes[p.node]
-		a := Assignment{PodSet: sg.name, Index: idx, Node: n.name}
+		a := Assignment{PodSet: sg.name, Index: idx, Node: m.nodes[n.ni].n.Name}
 		for _, gi := range p.gpus {
 			g := s.gpu(gi)
 			u := Usage{UUID: m.info[gi].UUID, MemoryMiB: r.need(g.phys), Cores: r.cores}
@@ -1056,4 +1109,44 @@ func (s *scratch) assignments(m *Model) []Assignment {
 		res[i] = o.a
 	}
 	return res
+}
+
+// sortKeys sorts keys ascending: an LSD radix sort (8-bit digits, passes
+// with a single digit value skipped) for large domains, where it is several
+// times faster than a comparison sort; tmp is scratch space, returned for
+// reuse.
+func sortKeys(keys, tmp []uint64) []uint64 {
+	if len(keys) < 1024 {
+		slices.Sort(keys)
+		return tmp
+	}
+	if cap(tmp) < len(keys) {
+		tmp = make([]uint64, len(keys))
+	}
+	tmp = tmp[:len(keys)]
+	src, dst := keys, tmp
+	for shift := uint(0); shift < 64; shift += 8 {
+		var count [256]int
+		for _, k := range src {
+			count[(k>>shift)&0xff]++
+		}
+		if count[(src[0]>>shift)&0xff] == len(src) {
+			continue // every key has this digit
+		}
+		pos := 0
+		for i, c := range count {
+			count[i] = pos
+			pos += c
+		}
+		for _, k := range src {
+			d := (k >> shift) & 0xff
+			dst[count[d]] = k
+			count[d]++
+		}
+		src, dst = dst, src
+	}
+	if &src[0] != &keys[0] {
+		copy(keys, src)
+	}
+	return tmp
 }

@@ -3,6 +3,7 @@ package fit
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
@@ -526,5 +527,63 @@ func TestHistogramBounds(t *testing.T) {
 			t.Fatalf("bucket(%d) = %d but the previous bucket already reaches %d", f, b, histUpper(b-1))
 		}
 		prev = b
+	}
+}
+
+func TestSubDomainLocality(t *testing.T) {
+	// Leaves of one rack with 4, 16 and 9 free GPUs (one GPU per node).
+	var ns []Node
+	for leaf, n := range map[string]int{"a": 4, "b": 16, "c": 9} {
+		for i := 0; i < n; i++ {
+			ns = append(ns, mkNode(fmt.Sprintf("%s%02d", leaf, i), 1, gi80, "rack", "r", "leaf", leaf))
+		}
+	}
+	m := NewModel(ns)
+	o := Options{Level: "rack", Levels: []string{"rack", "leaf", "kubernetes.io/hostname"}}
+	leaves := func(r Result) map[string]int {
+		out := map[string]int{}
+		for _, a := range r.Assignments {
+			out[a.Node[:1]]++
+		}
+		return out
+	}
+	cases := []struct {
+		name   string
+		pods   int
+		policy string
+		want   map[string]int
+	}{
+		{"BestFit: the tightest leaf that holds the gang", 8, v1alpha1.PolicyBestFit, map[string]int{"c": 8}},
+		{"WorstFit: the roomiest leaf that holds the gang", 8, v1alpha1.PolicyWorstFit, map[string]int{"b": 8}},
+		{"too big for any leaf: as few leaves as possible", 20, v1alpha1.PolicyBestFit, map[string]int{"b": 16, "c": 4}},
+	}
+	for _, tc := range cases {
+		o.Policy = tc.policy
+		r := m.Fit(gang(whole("w", tc.pods, 1)), o)
+		if !r.Fits {
+			t.Fatalf("%s: %v", tc.name, r.Reasons)
+		}
+		if d := cmp.Diff(tc.want, leaves(r)); d != "" {
+			t.Errorf("%s: pods per leaf (-want +got):\n%s", tc.name, d)
+		}
+	}
+}
+
+func TestSortKeys(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 5))
+	var tmp []uint64
+	for _, n := range []int{0, 1, 5, 1023, 1024, 5000} {
+		for _, mask := range []uint64{0xff, 0xffff_0000_0000, ^uint64(0)} {
+			keys := make([]uint64, n)
+			for i := range keys {
+				keys[i] = rng.Uint64() & mask
+			}
+			want := append([]uint64(nil), keys...)
+			slices.Sort(want)
+			tmp = sortKeys(keys, tmp)
+			if !slices.Equal(want, keys) {
+				t.Fatalf("n=%d mask=%x: not sorted", n, mask)
+			}
+		}
 	}
 }

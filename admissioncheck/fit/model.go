@@ -102,9 +102,16 @@ type Model struct {
 	warnings []string
 	orders   map[string]*staticOrder // immutable values, shared between clones
 	// Buffers reused by newScratch: one dry run at a time per model.
-	eligBuf []uint64
-	keyBuf  []uint64
-	nodeBuf []snode
+	eligBuf  []uint64
+	keyBuf   []uint64
+	tmpBuf   []uint64
+	nodeBuf  []snode
+	candBuf  []int32
+	subsBuf  []int32
+	subFree  []int64 // per sub-domain; zero between uses
+	subWhole []int64
+	subPos   []int32
+	subSeen  []bool
 }
 
 // NewModel builds a model with no usage. A GPU UUID seen twice is kept on
