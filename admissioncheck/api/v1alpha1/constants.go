@@ -53,6 +53,8 @@ const (
 	EnvDisableControl     = "CUDA_DISABLE_CONTROL"
 	EnvVisibleDevices     = "NVIDIA_VISIBLE_DEVICES"
 	EnvLogLevel           = "LIBCUDA_LOG_LEVEL"
+	EnvContextReserve     = "GPUPACK_CONTEXT_RESERVE" // devicehook: per-context reserve counted against the limit
+	EnvSMPeriod           = "GPUPACK_SM_PERIOD_MS"    // devicehook: SM limiter control period
 	EnvResumeStep         = "GPUPACK_RESUME_STEP"
 	GPUHealthy            = "Healthy"
 	GPUUnhealthy          = "Unhealthy"
