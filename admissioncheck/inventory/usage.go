@@ -13,9 +13,10 @@ import (
 // annotation, once it is bound (spec.nodeName) or pinned by a plan
 // (gpupack.io/plan). Succeeded and Failed pods hold nothing; a terminating
 // pod (deletionTimestamp set) still holds until it is gone, because its
-// processes may still have the memory. A pod asking for nvidia.com/gpu (and
-// not gpupack.io/vgpu) holds its GPUs exclusively; otherwise each GPU holds
-// the annotation's MiB and the pod's gpupack.io/gpu-cores share.
+// processes may still have the memory. A whole-GPU pod (nvidia.com/gpu with
+// no memory request, read as TemplateRequest reads it) holds its GPUs
+// exclusively; otherwise each GPU holds the annotation's MiB and the pod's
+// SM share.
 func PodUsage(p *corev1.Pod) ([]fit.Usage, bool, error) {
 	if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 		return nil, false, nil
@@ -31,14 +32,19 @@ func PodUsage(p *corev1.Pod) ([]fit.Usage, bool, error) {
 	if err != nil {
 		return nil, false, fmt.Errorf("pod %s/%s: %w", p.Namespace, p.Name, err)
 	}
-	total := podResources(&p.Spec)
-	gpus := quantity(total, v1alpha1.ResourceNvidiaGPU)
-	vgpus := quantity(total, v1alpha1.ResourceVGPU)
-	exclusive := gpus > 0 && vgpus == 0
+	// Whole or shared, read as the check read the pod's template; if the pod
+	// cannot be read that way any more, its resources decide.
+	var exclusive bool
 	var cores int32
-	if vgpus > 0 {
-		c := quantity(total, v1alpha1.ResourceGPUCores) / vgpus
-		cores = int32(min(c, 100))
+	if ps, ok, err := TemplateRequest(&corev1.PodTemplateSpec{ObjectMeta: p.ObjectMeta, Spec: p.Spec}); err == nil && ok {
+		exclusive, cores = ps.Exclusive(), ps.Cores
+	} else {
+		total := podResources(&p.Spec)
+		vgpus := quantity(total, v1alpha1.ResourceVGPU)
+		exclusive = quantity(total, v1alpha1.ResourceNvidiaGPU) > 0 && vgpus == 0
+		if vgpus > 0 {
+			cores = int32(min(quantity(total, v1alpha1.ResourceGPUCores)/vgpus, 100))
+		}
 	}
 	out := make([]fit.Usage, len(devs))
 	for i, d := range devs {
