@@ -105,26 +105,48 @@ func started(pod *corev1.Pod, name string) bool {
 	return false
 }
 
+// allStarted reports whether every container of pod that requests resource
+// already runs: such a pod needs no allocation, and on a busy node this
+// check saves parsing every running pod's plan on each Allocate.
+func allStarted(pod *corev1.Pod, resource corev1.ResourceName) bool {
+	for _, list := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
+		for i := range list {
+			c := &list[i]
+			_, lim := c.Resources.Limits[resource]
+			_, req := c.Resources.Requests[resource]
+			if (lim || req) && !started(pod, c.Name) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
 // pending lists, oldest pod first, the next not-yet-allocated chunk of every
 // live planned pod on node. allocated counts chunks already handed out per
 // pod UID by this process. Pods whose annotation cannot be split are
 // returned in bad (so errors can name them).
 func pending(pods []*corev1.Pod, node string, resource corev1.ResourceName, allocated map[types.UID]int) (next []Chunk, bad []error) {
-	sorted := append([]*corev1.Pod(nil), pods...)
-	sort.SliceStable(sorted, func(i, j int) bool {
-		ti, tj := sorted[i].CreationTimestamp, sorted[j].CreationTimestamp
-		if !ti.Equal(&tj) {
-			return ti.Before(&tj)
-		}
-		return sorted[i].Namespace+"/"+sorted[i].Name < sorted[j].Namespace+"/"+sorted[j].Name
-	})
-	for _, p := range sorted {
+	// Filter first: on a busy node almost every pod is running already, and
+	// only the few waiting ones need sorting and parsing.
+	var waiting []*corev1.Pod
+	for _, p := range pods {
 		if !live(p, node) || p.DeletionTimestamp != nil {
 			continue
 		}
-		if _, ok := p.Annotations[v1alpha1.AnnotationDevices]; !ok {
+		if _, ok := p.Annotations[v1alpha1.AnnotationDevices]; !ok || allStarted(p, resource) {
 			continue
 		}
+		waiting = append(waiting, p)
+	}
+	sort.SliceStable(waiting, func(i, j int) bool {
+		ti, tj := waiting[i].CreationTimestamp, waiting[j].CreationTimestamp
+		if !ti.Equal(&tj) {
+			return ti.Before(&tj)
+		}
+		return waiting[i].Namespace+"/"+waiting[i].Name < waiting[j].Namespace+"/"+waiting[j].Name
+	})
+	for _, p := range waiting {
 		chunks, err := ContainerChunks(p, resource)
 		if err != nil {
 			bad = append(bad, err)
