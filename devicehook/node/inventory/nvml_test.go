@@ -152,3 +152,23 @@ func TestInit(t *testing.T) {
 		t.Errorf("Init(driver not loaded) = %v, want a distinct error", err)
 	}
 }
+
+// TestInitRealLibrary runs the real go-nvml loader: on a machine without the
+// NVIDIA driver it must say so with ErrNoNVML (what the agent reports), and
+// on one with a driver it must read at least one GPU.
+func TestInitRealLibrary(t *testing.T) {
+	lib := nvml.New()
+	err := Init(lib)
+	if errors.Is(err, ErrNoNVML) {
+		return
+	}
+	if err != nil {
+		t.Fatalf("Init: %v", err)
+	}
+	defer lib.Shutdown()
+	gpus, err := Read(lib, ReadOptions{Fabric: FabricVersioned})
+	if err != nil || len(gpus) == 0 {
+		t.Fatalf("Read on a driver node: %d GPUs, %v", len(gpus), err)
+	}
+	t.Logf("real GPUs: %+v", gpus)
+}
