@@ -184,3 +184,21 @@ func BenchmarkFitCold(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkNever is the Rejected test a controller runs after a Retry: the
+// gang on an empty copy of the cluster (16×8 whole GPUs per rack: never).
+func BenchmarkNever(b *testing.B) {
+	for _, size := range []struct {
+		name  string
+		nodes int
+	}{{"10kGPU", 1250}, {"100kGPU", 12500}} {
+		_, ns := fragmented(size.nodes, 1)
+		b.Run(size.name, func(b *testing.B) {
+			for b.Loop() {
+				if never, _ := Never(ns, gang(whole("w", 60, 8)), Options{Level: "rack"}); !never {
+					b.Fatal("60 × 8 GPUs fits a rack of 50 × 8")
+				}
+			}
+		})
+	}
+}

@@ -116,23 +116,33 @@ type Model struct {
 
 // NewModel builds a model with no usage. A GPU UUID seen twice is kept on
 // its first node only (see Warnings).
-func NewModel(nodes []Node) *Model {
+func NewModel(nodes []Node) *Model { return newModel(nodes, true) }
+
+// newModel without byUUID builds a model that cannot take usage: enough for
+// Never, and much cheaper (no map of every UUID).
+func newModel(nodes []Node, withUsage bool) *Model {
 	total := 0
 	for i := range nodes {
 		total += len(nodes[i].GPUs)
 	}
-	m := &Model{byUUID: make(map[string]int32, total), levels: map[string]*levelIndex{}, orders: map[string]*staticOrder{},
+	var byUUID map[string]int32
+	if withUsage {
+		byUUID = make(map[string]int32, total)
+	}
+	m := &Model{byUUID: byUUID, levels: map[string]*levelIndex{}, orders: map[string]*staticOrder{},
 		nodes: make([]nodeInfo, 0, len(nodes)), gpus: make([]gpuState, 0, total), info: make([]GPU, 0, total)}
 	nodes = append([]Node(nil), nodes...) // the model keeps pointers into it
 	for i := range nodes {
 		n := &nodes[i]
 		ni := nodeInfo{n: n, lo: int32(len(m.gpus)), usable: n.Ready && !n.Unschedulable}
 		for _, g := range n.GPUs {
-			if _, dup := m.byUUID[g.UUID]; dup {
-				m.warnings = append(m.warnings, fmt.Sprintf("GPU %s listed again on node %s: ignored there", g.UUID, n.Name))
-				continue
+			if withUsage {
+				if _, dup := m.byUUID[g.UUID]; dup {
+					m.warnings = append(m.warnings, fmt.Sprintf("GPU %s listed again on node %s: ignored there", g.UUID, n.Name))
+					continue
+				}
+				m.byUUID[g.UUID] = int32(len(m.gpus))
 			}
-			m.byUUID[g.UUID] = int32(len(m.gpus))
 			m.gpus = append(m.gpus, gpuState{node: int32(i), phys: g.PhysicalMiB, alloc: g.AllocatableMiB, healthy: g.Healthy})
 			m.info = append(m.info, g)
 			if g.Healthy {

@@ -38,7 +38,7 @@ func Never(nodes []Node, g Gang, o Options) (bool, string) {
 	if o.MaxSteps < 10*DefaultMaxSteps {
 		o.MaxSteps = 10 * DefaultMaxSteps
 	}
-	res := NewModel(empty).Fit(g, o)
+	res := newModel(empty, false).Fit(g, o)
 	if res.Fits || res.Exhausted {
 		return false, ""
 	}
