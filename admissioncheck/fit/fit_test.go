@@ -109,12 +109,12 @@ func TestFitDecisions(t *testing.T) {
 		{
 			name: "one 8-GPU pod cannot span 2 nodes x 4", nodes: twoByFour,
 			gang:    gang(whole("worker", 1, 8)),
-			wantWhy: []string{"cluster: 0 of 1 pods fit; binding constraint: only 0 nodes have 8 whole GPUs free (need 1 pods × 8 GPUs on one node each)"},
+			wantWhy: []string{"cluster: 0 of 1 pods fit; binding constraint: only 0 nodes have 8 whole GPUs free (each pod needs 8 GPUs on one node; 8 whole GPUs are free in all)"},
 		},
 		{
 			name: "3 x 50 GiB on 2 x 80 GiB does not fit", nodes: []Node{mkNode("n", 2, gi80)},
 			gang:    gang(shared("worker", 3, 1, 51200)),
-			wantWhy: []string{"cluster: 2 of 3 pods fit; binding constraint: only 2 GPUs have 51200 MiB free (need 51200 MiB per GPU)"},
+			wantWhy: []string{"cluster: 2 of 3 pods fit; binding constraint: only 2 GPUs have 51200 MiB free (need 51200 MiB per GPU on 3 GPUs)"},
 		},
 		{
 			name: "3 x 30 GiB on 2 x 80 GiB fits", nodes: []Node{mkNode("n", 2, gi80)},
@@ -123,7 +123,7 @@ func TestFitDecisions(t *testing.T) {
 		{
 			name: "memory above allocatable never fits, even on an idle GPU", nodes: []Node{mkNode("n", 1, gi80)},
 			gang:    gang(shared("w", 1, 1, flavors.Allocatable(gi80)+1)),
-			wantWhy: []string{"only 0 GPUs have 72229 MiB free (need 72229 MiB per GPU)"},
+			wantWhy: []string{"only 0 GPUs have 72229 MiB free (need 72229 MiB per GPU on 1 GPU)"},
 		},
 		{
 			name: "exactly allocatable fits", nodes: []Node{mkNode("n", 1, gi80)},
@@ -143,7 +143,7 @@ func TestFitDecisions(t *testing.T) {
 			name: "cores cap sharing at 100 %", nodes: []Node{mkNode("n", 1, gi80)},
 			usage:   []Usage{{UUID: "n-g0", MemoryMiB: 1000, Cores: 60}},
 			gang:    gang(PodSet{Name: "w", Count: 1, GPUsPerPod: 1, MemoryMiB: 1000, Cores: 50}),
-			wantWhy: []string{"only 0 GPUs have 50% SM free (need 50% per GPU for pod set w)"},
+			wantWhy: []string{"only 0 GPUs have 50% SM free (need 50% per GPU on 1 GPU for pod set w)"},
 		},
 		{
 			name: "memory percentage is a share of physical", nodes: []Node{mkNode("n", 1, gi80)},

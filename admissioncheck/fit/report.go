@@ -67,26 +67,27 @@ func (s *scratch) constraint(j int) string {
 		}
 		return fmt.Sprintf("no node can take %s: %s", who, strings.Join(why, "; "))
 	}
-	perPod := ""
-	if r.g > 1 {
-		perPod = fmt.Sprintf(", %d on one node per pod", r.g)
+	// Which limit binds: if the GPUs that could serve the pod set would hold
+	// more pods than fit, it is having g of them on one node; otherwise it
+	// is how many GPUs (or shares of them) there are.
+	units := slots // whole GPUs for an exclusive pod set (slots are 0/1)
+	podsFit := s.capacity(j, int64(r.count))
+	if podsFit < units/int64(r.g) {
+		if r.excl {
+			return fmt.Sprintf("only %s %d whole GPUs free (each pod needs %d GPUs on one node; %d whole GPUs are free in all)", plural(hostNodes, "node has", "nodes have"), r.g, r.g, whole)
+		}
+		return fmt.Sprintf("only %s %d GPUs with %s free (each pod needs %d GPUs on one node; %d such GPUs in all)", plural(hostNodes, "node has", "nodes have"), r.g, r.describeMem(), r.g, hostable)
 	}
 	if r.excl {
-		if whole < wantGPUs {
-			return fmt.Sprintf("only %s free (need %d for %s%s)", plural64(whole, "whole GPU is", "whole GPUs are"), wantGPUs, who, perPod)
-		}
-		return fmt.Sprintf("only %s %d whole GPUs free (need %d pods × %d GPUs on one node each)", plural(hostNodes, "node has", "nodes have"), r.g, r.count, r.g)
+		return fmt.Sprintf("only %s free (need %d for %s)", plural64(whole, "whole GPU is", "whole GPUs are"), wantGPUs, who)
 	}
-	if slots < wantGPUs {
-		if r.cores > 0 && coresOK < memOK {
-			return fmt.Sprintf("only %s %d%% SM free (need %d%% per GPU for %s)", plural64(coresOK, "GPU has", "GPUs have"), r.cores, r.cores, who)
-		}
-		if maxSlots <= 1 {
-			return fmt.Sprintf("only %s %s free (need %s per GPU)", plural64(memOK, "GPU has", "GPUs have"), r.describeMem(), r.describeMem())
-		}
-		return fmt.Sprintf("room for only %d GPU shares of %s (need %d: %d pods × %d GPUs)", slots, r.describeMem(), wantGPUs, r.count, r.g)
+	if r.cores > 0 && coresOK < memOK {
+		return fmt.Sprintf("only %s %d%% SM free (need %d%% per GPU on %s for %s)", plural64(coresOK, "GPU has", "GPUs have"), r.cores, r.cores, plural64(wantGPUs, "GPU", "GPUs"), who)
 	}
-	return fmt.Sprintf("only %s %d GPUs with %s free (each pod needs %d GPUs on one node)", plural(hostNodes, "node has", "nodes have"), r.g, r.describeMem(), r.g)
+	if maxSlots <= 1 {
+		return fmt.Sprintf("only %s %s free (need %s per GPU on %s)", plural64(memOK, "GPU has", "GPUs have"), r.describeMem(), r.describeMem(), plural64(wantGPUs, "GPU", "GPUs"))
+	}
+	return fmt.Sprintf("room for only %d GPU shares of %s (need %d: %d pods × %d GPUs)", slots, r.describeMem(), wantGPUs, r.count, r.g)
 }
 
 func plural(n int, one, many string) string { return plural64(int64(n), one, many) }

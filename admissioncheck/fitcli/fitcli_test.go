@@ -128,7 +128,7 @@ status: {phase: Running}
 	if o.Fits {
 		t.Fatalf("3 × 50 GiB fit next to a 30 GiB share on 3 × 80 GiB: %+v", o)
 	}
-	want := "cluster: 2 of 3 pods fit; binding constraint: only 2 GPUs have 51200 MiB free (need 51200 MiB per GPU)"
+	want := "cluster: 2 of 3 pods fit; binding constraint: only 2 GPUs have 51200 MiB free (need 51200 MiB per GPU on 3 GPUs)"
 	if !slicesContain(o.Reasons, want) || o.Reasons[0] != "Retry: it does not fit now" {
 		t.Errorf("reasons = %q, want Retry first and %q", o.Reasons, want)
 	}
