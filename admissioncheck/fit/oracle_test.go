@@ -396,3 +396,67 @@ func TestFitAgreesWithOracle(t *testing.T) {
 	}
 	t.Logf("%d of %d random cases fit", fits, cases)
 }
+
+// randomTightCase: mixed shared gangs packed tightly onto few GPUs, where a
+// greedy placement often fails and the search has to backtrack.
+func randomTightCase(rng *rand.Rand) ([]Node, []Usage, Gang, string) {
+	var nodes []Node
+	var usage []Usage
+	for i := 0; i < 1+rng.IntN(3); i++ {
+		n := Node{Name: fmt.Sprintf("n%d", i), Ready: true, Labels: map[string]string{"rack": "a"}}
+		for j := 0; j < 1+rng.IntN(3); j++ {
+			g := GPU{UUID: fmt.Sprintf("n%d-g%d", i, j), PhysicalMiB: 1000, AllocatableMiB: 900, Healthy: true}
+			n.GPUs = append(n.GPUs, g)
+			if rng.IntN(2) == 0 {
+				usage = append(usage, Usage{UUID: g.UUID, MemoryMiB: int64(100 * rng.IntN(6)), Cores: int32(10 * rng.IntN(5))})
+			}
+		}
+		nodes = append(nodes, n)
+	}
+	var gang Gang
+	total := 0
+	for k := 0; k < 2+rng.IntN(2) && total < 6; k++ {
+		ps := PodSet{Name: fmt.Sprintf("ps%d", k), Count: 1 + rng.IntN(2), GPUsPerPod: 1 + rng.IntN(2),
+			MemoryMiB: int64(100 * (1 + rng.IntN(6)))}
+		if rng.IntN(3) == 0 {
+			ps.Cores = int32(10 * (1 + rng.IntN(6)))
+		}
+		if rng.IntN(5) == 0 {
+			ps.MemoryMiB = 0 // whole GPUs among the shares
+		}
+		ps.Count = min(ps.Count, 6-total)
+		total += ps.Count
+		gang.PodSets = append(gang.PodSets, ps)
+	}
+	return nodes, usage, gang, ""
+}
+
+func TestFitAgreesWithOracleOnTightMixedGangs(t *testing.T) {
+	const cases = 4000
+	fits := 0
+	for seed := uint64(0); seed < cases; seed++ {
+		rng := rand.New(rand.NewPCG(seed, 7))
+		nodes, usage, gang, level := randomTightCase(rng)
+		m := NewModel(nodes)
+		for _, u := range usage {
+			if err := m.Use(u); err != nil {
+				t.Fatal(err)
+			}
+		}
+		res := m.Fit(gang, Options{Level: level, Policy: []string{v1alpha1.PolicyBestFit, v1alpha1.PolicyWorstFit}[seed%2]})
+		want := oracleFits(nodes, usage, gang, level)
+		if res.Exhausted || res.Fits != want {
+			t.Fatalf("seed %d: Fit = %v (exhausted %v), oracle = %v\nnodes=%+v\nusage=%+v\ngang=%+v\nreasons=%v", seed, res.Fits, res.Exhausted, want, nodes, usage, gang, res.Reasons)
+		}
+		if res.Fits {
+			fits++
+			if err := checkPlan(nodes, usage, gang, level, res); err != nil {
+				t.Fatalf("seed %d: invalid plan: %v", seed, err)
+			}
+		}
+	}
+	if fits < cases/5 || fits > cases*4/5 {
+		t.Errorf("%d of %d cases fit: generator is lopsided", fits, cases)
+	}
+	t.Logf("%d of %d tight mixed cases fit", fits, cases)
+}
