@@ -301,6 +301,10 @@ func (m *Model) Fit(g Gang, o Options) Result {
 		res.Steps += s.steps
 		if s.exhausted {
 			res.Exhausted = true
+			if o.proofOnly {
+				s.undoAll()
+				return res
+			}
 		}
 		reports[c.di] = rep
 		if ok {
@@ -412,7 +416,6 @@ type scratch struct {
 	reqs     []*req
 	nodes    []snode
 	name     string
-	level    string
 	steps    int64
 	maxSteps int64
 
@@ -494,7 +497,7 @@ func (m *Model) order(narrow []string) *staticOrder {
 }
 
 func (m *Model) newScratch(d *domainAgg, reqs []*req, o Options) *scratch {
-	s := &scratch{m: m, reqs: reqs, name: d.name, level: o.Level, selMiss: make([]int, len(reqs)), tainted: make([]int, len(reqs))}
+	s := &scratch{m: m, reqs: reqs, name: d.name, selMiss: make([]int, len(reqs)), tainted: make([]int, len(reqs))}
 	so := m.order(o.narrower())
 	worst := o.Policy == v1alpha1.PolicyWorstFit
 	if len(m.eligBuf) != len(m.nodes) {

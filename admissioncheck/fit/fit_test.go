@@ -587,3 +587,28 @@ func TestSortKeys(t *testing.T) {
 		}
 	}
 }
+
+func TestNeverNeedsAProof(t *testing.T) {
+	// Find small gangs that cannot fit an empty cluster but need the search
+	// to show it; with a budget too small for the search Never must say
+	// "not never", with the default it must say "never".
+	found := 0
+	for seed := uint64(0); seed < 3000 && found < 5; seed++ {
+		nodes, _, g, _ := randomTightCase(rand.New(rand.NewPCG(seed, 7)))
+		full := NewModel(nodes).Fit(g, Options{})
+		tiny := NewModel(nodes).Fit(g, Options{MaxSteps: 1})
+		if full.Fits || full.Exhausted || !tiny.Exhausted {
+			continue
+		}
+		found++
+		if never, why := Never(nodes, g, Options{MaxSteps: 1}); never {
+			t.Errorf("seed %d: Never with an exhausted search = true (%s)", seed, why)
+		}
+		if never, _ := Never(nodes, g, Options{}); !never {
+			t.Errorf("seed %d: Never with a complete search = false", seed)
+		}
+	}
+	if found < 3 {
+		t.Fatalf("only %d cases needing the search found", found)
+	}
+}

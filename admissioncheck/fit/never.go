@@ -13,7 +13,9 @@ import (
 // (node.kubernetes.io/*) are transient too and are ignored; other taints,
 // labels, GPU sizes and counts are taken as they are. Only a proof counts:
 // the search here is unbounded in domains and steps, and an invalid request
-// can never fit. The string says why, for the Rejected message.
+// can never fit. The string says why, for the Rejected message. Its cost is
+// bounded like Fit's: search.maxSteps per domain, and it stops at the first
+// domain whose search runs out of steps.
 func Never(nodes []Node, g Gang, o Options) (bool, string) {
 	if err := validate(g); err != nil {
 		return true, "invalid request: " + err.Error()
@@ -34,10 +36,10 @@ func Never(nodes []Node, g Gang, o Options) (bool, string) {
 		n.Taints = taints
 		empty[i] = n
 	}
+	// Every domain may be searched, but the first one whose search runs
+	// out of steps ends it: that domain is unproven, so the answer is no.
 	o.MaxDomains = math.MaxInt
-	if o.MaxSteps < 10*DefaultMaxSteps {
-		o.MaxSteps = 10 * DefaultMaxSteps
-	}
+	o.proofOnly = true
 	res := newModel(empty, false).Fit(g, o)
 	if res.Fits || res.Exhausted {
 		return false, ""

@@ -103,6 +103,10 @@ type Options struct {
 	// MaxDomains bounds how many domains that pass the aggregate checks are
 	// dry-run (default DefaultMaxDomains).
 	MaxDomains int
+
+	// proofOnly: stop at the first domain whose search runs out of steps
+	// (Never: an unproven domain already means "not never").
+	proofOnly bool
 }
 
 // Result is one decision.
