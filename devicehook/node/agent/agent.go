@@ -52,9 +52,12 @@ type Options struct {
 	PluginDir    string
 
 	// HookSource is the library inside the agent image; "" skips installing.
-	HookSource   string
-	HookDir      string // host folder GPU containers mount
-	MountPreload bool
+	HookSource string
+	HookDir    string // host folder GPU containers mount
+	// PluginMounts makes Allocate mount the hook folder, ld.so.preload and
+	// the accounting dir itself — for clusters without gpupack's webhook,
+	// which otherwise mounts them (both at once would clash).
+	PluginMounts bool
 	CacheDir     string // host root of per-pod accounting dirs
 	Version      string
 
@@ -302,7 +305,9 @@ func (a *Agent) startPlugins(ctx context.Context, wg *sync.WaitGroup) {
 	}
 	for _, c := range cfgs {
 		c.NodeName, c.PluginDir, c.Pods, c.Metrics = a.opts.NodeName, a.opts.PluginDir, a.pods, a.Metrics
-		c.HookDir, c.MountPreload, c.CacheHostDir = a.opts.HookDir, a.opts.MountPreload, a.opts.CacheDir
+		if a.opts.PluginMounts {
+			c.HookDir, c.MountPreload, c.CacheHostDir = a.opts.HookDir, true, a.opts.CacheDir
+		}
 		p := deviceplugin.New(c)
 		a.mu.Lock()
 		a.plugins = append(a.plugins, p)

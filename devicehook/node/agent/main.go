@@ -36,7 +36,7 @@ func ParseFlags(args []string) (Options, string, error) {
 	fs.StringVar(&o.PluginDir, "device-plugin-dir", o.PluginDir, "kubelet device-plugin socket folder")
 	fs.StringVar(&o.HookSource, "hook-source", o.HookSource, "libgpupack-hook.so inside this image to install; empty skips installing")
 	fs.StringVar(&o.HookDir, "hook-dir", o.HookDir, "host folder the hook is installed into and mounted from")
-	fs.BoolVar(&o.MountPreload, "mount-ld-so-preload", o.MountPreload, "mount <hook-dir>/ld.so.preload at /etc/ld.so.preload in GPU containers")
+	fs.BoolVar(&o.PluginMounts, "plugin-mounts", o.PluginMounts, "device plugin mounts the hook, /etc/ld.so.preload and the accounting dir (only without gpupack's webhook, which mounts them)")
 	fs.StringVar(&o.CacheDir, "accounting-dir", o.CacheDir, "host root of per-pod accounting folders")
 	fs.StringVar(&o.Version, "version-stamp", o.Version, "version written next to the installed hook")
 	fs.StringVar(&o.ProcRoot, "proc-root", o.ProcRoot, "the host's /proc (run with hostPID, or mount it)")

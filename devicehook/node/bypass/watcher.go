@@ -243,7 +243,7 @@ func (w *Watcher) hookUsage(pods map[types.UID]Pod, byUID map[types.UID]*corev1.
 			}
 		}
 		for _, c := range chunks {
-			path := deviceplugin.CacheFile(deviceplugin.PodCacheDir(w.cfg.CacheDir, uid), c.Container)
+			path := deviceplugin.HostCacheFile(w.cfg.CacheDir, uid, c.Container)
 			used, err := w.cfg.Hook.Used(path)
 			if err != nil {
 				if !errors.Is(err, os.ErrNotExist) { // container not started yet, or no hook

@@ -65,9 +65,9 @@ func TestWatcher(t *testing.T) {
 
 	// The hook accounted 9000 MiB on ordinal 0 (= GPU 0, lower index) and
 	// 1000 MiB on ordinal 1 (GPU 1).
-	dir := deviceplugin.PodCacheDir(cache, types.UID(uidA))
-	os.MkdirAll(dir, 0o755)
-	if err := os.WriteFile(deviceplugin.CacheFile(dir, "main"), EncodeRegion([][]uint64{{9000 << 20, 1000 << 20}}), 0o644); err != nil {
+	file := deviceplugin.HostCacheFile(cache, types.UID(uidA), "main")
+	os.MkdirAll(filepath.Dir(file), 0o755)
+	if err := os.WriteFile(file, EncodeRegion([][]uint64{{9000 << 20, 1000 << 20}}), 0o644); err != nil {
 		t.Fatal(err)
 	}
 

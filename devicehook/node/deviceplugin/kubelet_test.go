@@ -98,7 +98,7 @@ func TestPluginWithFakeKubelet(t *testing.T) {
 			v1alpha1.EnvVisibleDevices:     "GPU-a,GPU-c",
 			v1alpha1.EnvMemoryLimit + "_0": "20000m",
 			v1alpha1.EnvMemoryLimit + "_1": "30000m",
-			v1alpha1.EnvSharedCache:        v1alpha1.DefaultSharedCacheDir + "/main.cache",
+			v1alpha1.EnvSharedCache:        "/var/run/gpupack/vgpu.cache",
 		}
 		if d := cmp.Diff(wantEnv, r.Envs); d != "" {
 			t.Errorf("envs (-want +got):\n%s", d)
@@ -106,12 +106,12 @@ func TestPluginWithFakeKubelet(t *testing.T) {
 		wantMounts := []*pluginapi.Mount{
 			{ContainerPath: "/usr/local/gpupack", HostPath: "/usr/local/gpupack", ReadOnly: true},
 			{ContainerPath: "/etc/ld.so.preload", HostPath: "/usr/local/gpupack/ld.so.preload", ReadOnly: true},
-			{ContainerPath: v1alpha1.DefaultSharedCacheDir, HostPath: filepath.Join(cache, "uid-train")},
+			{ContainerPath: "/var/run/gpupack", HostPath: filepath.Join(cache, "uid-train", "main")},
 		}
 		if d := cmp.Diff(wantMounts, r.Mounts, cmpProto); d != "" {
 			t.Errorf("mounts (-want +got):\n%s", d)
 		}
-		if fi, err := os.Stat(filepath.Join(cache, "uid-train")); err != nil || !fi.IsDir() {
+		if fi, err := os.Stat(filepath.Join(cache, "uid-train", "main")); err != nil || !fi.IsDir() {
 			t.Errorf("accounting dir not created: %v", err)
 		}
 		if v, _ := metrics.Value(reg, "gpupack_node_plugin_allocations_total", map[string]string{"resource": v1alpha1.ResourceVGPU, "result": "planned"}); v != 1 {

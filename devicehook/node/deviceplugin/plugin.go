@@ -63,13 +63,17 @@ type Config struct {
 	PluginDir  string
 	SocketName string // e.g. "gpupack-vgpu.sock"
 	// HookDir is the host folder holding libgpupack-hook.so (and
-	// ld.so.preload); mounted read-only at the same path. "" disables.
+	// ld.so.preload); mounted read-only at the same path. "" (the default in
+	// gpupack-node) leaves mounting to the webhook, which mounts the same
+	// folders on every GPU container; a duplicate mount point would fail
+	// container creation.
 	HookDir string
 	// MountPreload also mounts HookDir/ld.so.preload at /etc/ld.so.preload,
 	// so static-linked launchers and exec'd children load the hook.
 	MountPreload bool
-	// CacheHostDir is the host root of per-pod accounting dirs
-	// (<CacheHostDir>/<pod-uid>), mounted at DefaultSharedCacheDir.
+	// CacheHostDir is the host root of accounting dirs; each container gets
+	// <CacheHostDir>/<pod-uid>/<container> at CacheMountPath, the layout the
+	// webhook's subPathExpr mount produces. "" leaves it to the webhook.
 	CacheHostDir string
 	// MemoryLimits sets CUDA_DEVICE_MEMORY_LIMIT_<i> from the plan's MiB.
 	MemoryLimits bool
@@ -338,21 +342,33 @@ func (p *Plugin) response(c Chunk, index map[string]int) (*pluginapi.ContainerAl
 		}
 	}
 	if p.cfg.CacheHostDir != "" {
-		dir := PodCacheDir(p.cfg.CacheHostDir, c.PodUID)
-		// 0o777: the container may run as any user; the dir is per pod.
+		dir := ContainerCacheDir(p.cfg.CacheHostDir, c.PodUID, c.Container)
+		// 0o777: the container may run as any user; the dir is its own.
 		if err := os.MkdirAll(dir, 0o777); err != nil {
 			return nil, fmt.Errorf("gpupack-node: create accounting dir for pod %s: %w", c.Pod, err)
 		}
 		_ = os.Chmod(dir, 0o777)
-		r.Mounts = append(r.Mounts, &pluginapi.Mount{ContainerPath: v1alpha1.DefaultSharedCacheDir, HostPath: dir})
-		r.Envs[v1alpha1.EnvSharedCache] = CacheFile(v1alpha1.DefaultSharedCacheDir, c.Container)
+		r.Mounts = append(r.Mounts, &pluginapi.Mount{ContainerPath: CacheMountPath, HostPath: dir})
+		r.Envs[v1alpha1.EnvSharedCache] = filepath.Join(CacheMountPath, CacheFileName)
 	}
 	return r, nil
 }
 
-// PodCacheDir is the host folder of one pod's accounting files.
-func PodCacheDir(root string, uid types.UID) string { return filepath.Join(root, string(uid)) }
+// The accounting layout, shared with the webhook (webhooks/mutation:
+// SharedCacheMountPath default and SharedCacheFileName): on the host
+// <root>/<pod-uid>/<container>/vgpu.cache, in the container
+// /var/run/gpupack/vgpu.cache.
+const (
+	CacheMountPath = "/var/run/gpupack"
+	CacheFileName  = "vgpu.cache"
+)
 
-// CacheFile is the accounting file of one container inside dir. The bypass
-// watcher finds a container's file on the host by the same name.
-func CacheFile(dir, container string) string { return filepath.Join(dir, container+".cache") }
+// ContainerCacheDir is the host folder of one container's accounting file.
+func ContainerCacheDir(root string, uid types.UID, container string) string {
+	return filepath.Join(root, string(uid), container)
+}
+
+// HostCacheFile is the host path of one container's accounting file.
+func HostCacheFile(root string, uid types.UID, container string) string {
+	return filepath.Join(ContainerCacheDir(root, uid, container), CacheFileName)
+}

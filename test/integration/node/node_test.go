@@ -196,7 +196,6 @@ func TestNodeAgent(t *testing.T) {
 			v1alpha1.EnvVisibleDevices:     g5 + "," + g6,
 			v1alpha1.EnvMemoryLimit + "_0": "20000m",
 			v1alpha1.EnvMemoryLimit + "_1": "30000m",
-			v1alpha1.EnvSharedCache:        v1alpha1.DefaultSharedCacheDir + "/main.cache",
 		}
 		if d := cmp.Diff(want, r.Envs); d != "" {
 			t.Errorf("envs (-want +got):\n%s", d)
