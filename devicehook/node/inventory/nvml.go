@@ -137,6 +137,11 @@ func readDevice(d nvml.Device, fallbackIndex int, fabric FabricReader) (GPU, err
 			unhealthy("row remapping pending a GPU reset")
 		}
 	}
+	// Uncorrectable ECC errors since the last reset (level-triggered, unlike
+	// XID events: it survives an agent restart until the GPU is reset).
+	if n, ret := d.GetTotalEccErrors(nvml.MEMORY_ERROR_TYPE_UNCORRECTED, nvml.VOLATILE_ECC); ret == nvml.SUCCESS && n > 0 {
+		unhealthy(fmt.Sprintf("%d uncorrectable ECC errors since the last GPU reset", n))
+	}
 	if f, ret := fabric(d); ret == nvml.SUCCESS && f.State != nvml.GPU_FABRIC_STATE_NOT_SUPPORTED {
 		ff := f
 		g.Fabric = &ff

@@ -66,6 +66,8 @@ func TestReadHealth(t *testing.T) {
 		{"healthy", func(*nvmlfake.GPU) {}, v1alpha1.GPUHealthy, "", 18},
 		{"lost", func(g *nvmlfake.GPU) { g.Lost = true }, v1alpha1.GPUUnhealthy, "GPU is lost (fell off the bus)", 18},
 		{"remap failed", func(g *nvmlfake.GPU) { g.RemapFail = true }, v1alpha1.GPUUnhealthy, "row remapping failed", 18},
+		{"uncorrectable ECC", func(g *nvmlfake.GPU) { g.UncorrectableECC = 2 }, v1alpha1.GPUUnhealthy, "2 uncorrectable ECC errors since the last GPU reset", 18},
+		{"two reasons", func(g *nvmlfake.GPU) { g.UncorrectableECC = 1; g.RemapFail = true }, v1alpha1.GPUUnhealthy, "row remapping failed; 1 uncorrectable ECC errors since the last GPU reset", 18},
 		{"fabric failed", func(g *nvmlfake.GPU) {
 			g.Fabric = &nvml.GpuFabricInfo{State: nvml.GPU_FABRIC_STATE_COMPLETED, Status: uint32(nvml.ERROR_UNKNOWN)}
 		}, v1alpha1.GPUUnhealthy, "NVLink fabric registration failed: ERROR_UNKNOWN", 18},
@@ -121,6 +123,9 @@ func TestReadFallbacks(t *testing.T) {
 		d.GetAttributesFunc = func() (nvml.DeviceAttributes, nvml.Return) { return nvml.DeviceAttributes{}, nvml.ERROR_NOT_SUPPORTED }
 		d.GetNumaNodeIdFunc = func() (int, nvml.Return) { return 0, nvml.ERROR_FUNCTION_NOT_FOUND }
 		d.GetRemappedRowsFunc = func() (int, int, bool, bool, nvml.Return) { return 0, 0, false, false, nvml.ERROR_NOT_SUPPORTED }
+		d.GetTotalEccErrorsFunc = func(nvml.MemoryErrorType, nvml.EccCounterType) (uint64, nvml.Return) {
+			return 0, nvml.ERROR_NOT_SUPPORTED
+		}
 	}
 	got, err := Read(n, ReadOptions{})
 	if err != nil {

@@ -28,8 +28,10 @@ type GPU struct {
 	DownLinks int  // how many of Links report disabled
 	Lost      bool // memory info answers GPU_IS_LOST
 	RemapFail bool
-	Fabric    *nvml.GpuFabricInfo // nil: fabric not supported (HGX)
-	Processes []nvml.ProcessInfo
+	// UncorrectableECC is the volatile uncorrected ECC error count.
+	UncorrectableECC uint64
+	Fabric           *nvml.GpuFabricInfo // nil: fabric not supported (HGX)
+	Processes        []nvml.ProcessInfo
 }
 
 // Set changes the GPU under its lock.
@@ -156,6 +158,14 @@ func complete(g *GPU) {
 		g.mu.Lock()
 		defer g.mu.Unlock()
 		return 0, 0, false, g.RemapFail, nvml.SUCCESS
+	}
+	d.GetTotalEccErrorsFunc = func(t nvml.MemoryErrorType, c nvml.EccCounterType) (uint64, nvml.Return) {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if t == nvml.MEMORY_ERROR_TYPE_UNCORRECTED && c == nvml.VOLATILE_ECC {
+			return g.UncorrectableECC, nvml.SUCCESS
+		}
+		return 0, nvml.SUCCESS
 	}
 	d.GetGpuFabricInfoFunc = func() (nvml.GpuFabricInfo, nvml.Return) {
 		g.mu.Lock()
