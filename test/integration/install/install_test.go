@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,8 +14,6 @@ import (
 	"testing"
 	"time"
 
-	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
-	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -26,11 +23,9 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	kueue "sigs.k8s.io/kueue/apis/kueue/v1beta2"
 
 	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
 	"github.com/gpupack/gpupack/test/framework"
-	"github.com/gpupack/gpupack/webhooks"
 )
 
 const fieldOwner = "gpupack-install-check"
@@ -52,10 +47,7 @@ func apply(t *testing.T, env *framework.Env, what string, objs []*unstructured.U
 	objs = append([]*unstructured.Unstructured(nil), objs...)
 	sort.SliceStable(objs, func(i, j int) bool { return first(objs[i]) < first(objs[j]) })
 	// A fresh client: its REST mapper discovers CRDs applied by earlier steps.
-	c, err := client.New(env.Config, client.Options{Scheme: env.Scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := newClient(t, env)
 	var rejected []string
 	crdsWaited := false
 	for _, o := range objs {
@@ -84,6 +76,20 @@ func apply(t *testing.T, env *framework.Env, what string, objs []*unstructured.U
 	}
 }
 
+// newClient has the framework's types plus CRDs.
+func newClient(t *testing.T, env *framework.Env) client.Client {
+	t.Helper()
+	s := framework.NewScheme()
+	if err := apiextensionsv1.AddToScheme(s); err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(env.Config, client.Options{Scheme: s})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 func waitCRDsEstablished(t *testing.T, env *framework.Env, objs []*unstructured.Unstructured) {
 	t.Helper()
 	for _, o := range objs {
@@ -92,7 +98,7 @@ func waitCRDsEstablished(t *testing.T, env *framework.Env, objs []*unstructured.
 		}
 		env.Eventually(t, 30*time.Second, "CRD "+o.GetName()+" established", func() (bool, string) {
 			var crd apiextensionsv1.CustomResourceDefinition
-			if err := env.Client.Get(env.Ctx, client.ObjectKey{Name: o.GetName()}, &crd); err != nil {
+			if err := newClient(t, env).Get(env.Ctx, client.ObjectKey{Name: o.GetName()}, &crd); err != nil {
 				return false, err.Error()
 			}
 			for _, c := range crd.Status.Conditions {
@@ -138,7 +144,10 @@ func TestInstallCheck(t *testing.T) {
 		t.Skip("starts a control plane")
 	}
 	tools(t)
-	mgrBin := buildBinary(t, "gpupack-manager")
+	mgrBin := os.Getenv("GPUPACK_MANAGER_BIN") // a prebuilt manager, for debugging
+	if mgrBin == "" {
+		mgrBin = buildBinary(t, "gpupack-manager")
+	}
 	env := framework.Start(t, framework.Options{})
 
 	apply(t, env, "cert-manager and ServiceMonitor CRDs", thirdPartyCRDs(t))
@@ -307,171 +316,6 @@ func TestManifestFlagsExist(t *testing.T) {
 				}
 			}
 		}
-	}
-}
-
-// runManager starts the built gpupack-manager as the kubelet would start the
-// Deployment's container: its args with $(VAR) expanded from the container
-// env, its Secret and ConfigMap volumes materialised in temp dirs (the
-// Secret kept in sync, as the kubelet does, so the cert rotator's
-// certificate reaches the webhook server), authenticated as the
-// Deployment's ServiceAccount (through impersonation) so only the
-// manifests' RBAC applies. Listen ports move to free loopback ports. It must
-// become ready (webhook certificates rotated and their CA injected), hold
-// the leader lease, mark the example AdmissionCheck Active, and log no
-// "forbidden" error.
-func runManager(t *testing.T, env *framework.Env, bin string, dep *unstructured.Unstructured) {
-	var spec corev1.PodSpec
-	podSpec, _, _ := unstructured.NestedMap(dep.Object, "spec", "template", "spec")
-	into(t, &unstructured.Unstructured{Object: podSpec}, &spec)
-	ctr := spec.Containers[0]
-	ns := dep.GetNamespace()
-
-	vars := map[string]string{}
-	for _, e := range ctr.Env {
-		switch {
-		case e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.namespace":
-			vars[e.Name] = ns
-		case e.ValueFrom == nil:
-			vars[e.Name] = e.Value
-		}
-	}
-	mounts := mountVolumes(t, env, ns, spec.Volumes, ctr.VolumeMounts)
-	ports := map[string]int{}
-	for _, p := range []string{"metrics-bind-address", "health-probe-bind-address", "webhook-port"} {
-		port, err := framework.FreePort()
-		if err != nil {
-			t.Fatal(err)
-		}
-		ports[p] = port
-	}
-	var args []string
-	for _, a := range ctr.Args {
-		for k, v := range vars {
-			a = strings.ReplaceAll(a, "$("+k+")", v)
-		}
-		name, val, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
-		switch name {
-		case "metrics-bind-address", "health-probe-bind-address":
-			a = fmt.Sprintf("--%s=127.0.0.1:%d", name, ports[name])
-		case "webhook-port":
-			a = fmt.Sprintf("--%s=%d", name, ports[name])
-		default:
-			for mountPath, dir := range mounts {
-				if val == mountPath || strings.HasPrefix(val, mountPath+"/") {
-					a = "--" + name + "=" + dir + strings.TrimPrefix(val, mountPath)
-				}
-			}
-		}
-		args = append(args, a)
-	}
-	if strings.Contains(strings.Join(args, " "), "$(") {
-		t.Fatalf("unexpanded variable in %v", args)
-	}
-
-	kubeconfig := impersonatingKubeconfig(t, env, ns, spec.ServiceAccountName)
-	logPath := filepath.Join(env.Dir, "gpupack-manager.log")
-	logf, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin, args...)
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait(); logf.Close() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(os.Interrupt)
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-		if t.Failed() {
-			b, _ := os.ReadFile(logPath)
-			t.Logf("---- gpupack-manager log (%s) ----\n%s", logPath, tail(string(b), 60))
-		}
-	})
-	t.Logf("gpupack-manager %s", strings.Join(args, " "))
-
-	alive := func() string {
-		select {
-		case err := <-exited:
-			exited <- err
-			return fmt.Sprintf("gpupack-manager exited: %v", err)
-		default:
-			return ""
-		}
-	}
-	env.Eventually(t, 120*time.Second, "gpupack-manager /readyz", func() (bool, string) {
-		if why := alive(); why != "" {
-			t.Fatal(why)
-		}
-		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/readyz", ports["health-probe-bind-address"]))
-		if err != nil {
-			return false, err.Error()
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK, resp.Status
-	})
-	env.Eventually(t, 60*time.Second, "gpupack-manager to hold the leader lease", func() (bool, string) {
-		if why := alive(); why != "" {
-			t.Fatal(why)
-		}
-		var l coordinationv1.Lease
-		if err := env.Client.Get(env.Ctx, client.ObjectKey{Namespace: ns, Name: "gpupack-manager.gpupack.io"}, &l); err != nil {
-			return false, err.Error()
-		}
-		return l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity != "", "no holder"
-	})
-	if v, _ := flagValue(args, "cert-management"); v == "internal" {
-		o := webhooks.DefaultServeOptions()
-		var m admissionregistrationv1.MutatingWebhookConfiguration
-		var vw admissionregistrationv1.ValidatingWebhookConfiguration
-		if err := env.Client.Get(env.Ctx, client.ObjectKey{Name: o.MutatingName}, &m); err != nil {
-			t.Fatal(err)
-		}
-		if err := env.Client.Get(env.Ctx, client.ObjectKey{Name: o.ValidatingName}, &vw); err != nil {
-			t.Fatal(err)
-		}
-		for _, w := range m.Webhooks {
-			if len(w.ClientConfig.CABundle) == 0 {
-				t.Errorf("ready, but %s has no caBundle", w.Name)
-			}
-		}
-		for _, w := range vw.Webhooks {
-			if len(w.ClientConfig.CABundle) == 0 {
-				t.Errorf("ready, but %s has no caBundle", w.Name)
-			}
-		}
-	}
-	if v, _ := flagValue(args, "enable-gang-fit"); v == "true" {
-		env.Eventually(t, 60*time.Second, "the example AdmissionCheck to be Active", func() (bool, string) {
-			var ac kueue.AdmissionCheck
-			if err := env.Client.Get(env.Ctx, client.ObjectKey{Name: "gpupack-gang-fit"}, &ac); err != nil {
-				return false, err.Error()
-			}
-			c := meta.FindStatusCondition(ac.Status.Conditions, kueue.AdmissionCheckActive)
-			if c == nil {
-				return false, "no Active condition"
-			}
-			return c.Status == metav1.ConditionTrue, c.Reason + ": " + c.Message
-		})
-	}
-	// A permission the manifests lack shows as a "forbidden" list/watch
-	// error from an informer; by now every informer has started.
-	b, _ := os.ReadFile(logPath)
-	for _, line := range strings.Split(string(b), "\n") {
-		if strings.Contains(line, "forbidden") {
-			t.Errorf("gpupack-manager lacks a permission: %s", line)
-		}
-	}
-	if why := alive(); why != "" {
-		t.Error(why)
 	}
 }
 
