@@ -404,3 +404,16 @@ func TestExampleQuotaComesFromTheFlavorsHelper(t *testing.T) {
 		t.Errorf("AdmissionCheck %s: controller %q parameters %+v", ac.Name, ac.Spec.ControllerName, ac.Spec.Parameters)
 	}
 }
+
+// helm lint passes with the defaults and with every option on.
+func TestHelmLint(t *testing.T) {
+	for _, args := range [][]string{
+		nil,
+		{"-f", "manifests/helm/gpupack/values-hami.yaml", "--set", "certManager.enabled=true,volcano.enabled=true,metrics.serviceMonitor.enabled=true,webhook.envPolicy=Deny"},
+	} {
+		out, err := run(t, "helm", append([]string{"lint", "--strict", "manifests/helm/gpupack"}, args...)...)
+		if err != nil {
+			t.Errorf("helm lint %v: %v\n%s", args, err, out)
+		}
+	}
+}
