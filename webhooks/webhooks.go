@@ -41,7 +41,12 @@ const (
 	PathValidatePyTorchJb = "/validate-kubeflow-org-v1-pytorchjob"
 )
 
-// Setup registers the six handlers on mgr's webhook server.
+// +kubebuilder:rbac:groups=batch,resources=jobs,verbs=get;list;watch
+// +kubebuilder:rbac:groups=kubeflow.org,resources=pytorchjobs,verbs=get;list;watch
+
+// Setup registers the six handlers on mgr's webhook server. The pod handler
+// reads the owning Job/PyTorchJob's metadata through mgr's cache (for
+// GPUPACK_RESUME_STEP), so the manager needs get/list/watch on those.
 func Setup(mgr ctrl.Manager, cfg Config) error {
 	m, err := mutation.New(cfg)
 	if err != nil {

@@ -1,0 +1,104 @@
+package webhooks
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/gpupack/gpupack/admissioncheck"
+	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
+	"github.com/gpupack/gpupack/test/framework"
+	"github.com/gpupack/gpupack/webhooks"
+	"github.com/gpupack/gpupack/webhooks/placement"
+)
+
+// TestPyTorchJobPlacedOnPlan is the whole path: a fractional PyTorchJob is
+// converted, admitted by Kueue with the gang-fit check, its pods are created
+// by the training operator with the hook injected, gated, pinned by the
+// ungater to the planned nodes with gpupack.io/devices, and bound by the
+// real kube-scheduler.
+func TestPyTorchJobPlacedOnPlan(t *testing.T) {
+	env := framework.Start(t, framework.Options{Scheduler: true, TrainingOperator: true})
+	for _, n := range []string{"n1", "n2"} {
+		env.MustCreate(t, framework.MakeNode(n).GPUs(2, framework.H100).Obj())
+		env.WaitForNodeReady(t, n)
+	}
+	env.MustCreate(t, &v1alpha1.GangFitParameters{ObjectMeta: metav1.ObjectMeta{Name: "gf"}})
+	env.MustCreate(t, framework.MakeGangFitCheck("gang-fit", "gf"))
+	opts := env.WebhookServer()
+	env.StartManager(t, func(mgr ctrl.Manager) error {
+		if err := admissioncheck.Setup(mgr, admissioncheck.Options{}); err != nil {
+			return err
+		}
+		if err := webhooks.Setup(mgr, webhooks.Config{}); err != nil {
+			return err
+		}
+		return placement.Setup(mgr)
+	}, opts)
+	mwc, vwc := webhooks.WebhookConfigurations(webhooks.DefaultServeOptions())
+	env.InstallWebhooks(t, opts, mwc, vwc)
+	env.MustCreate(t, framework.MakeResourceFlavor("gpu"))
+	env.MustCreate(t, framework.MakeClusterQueue("cq").GPUFlavor("gpu", 4, framework.H100).AdmissionChecks("gang-fit").Obj())
+	ns := env.Namespace(t, "team")
+	env.MustCreate(t, framework.MakeLocalQueue("lq", ns, "cq"))
+
+	env.MustCreate(t, framework.MakePyTorchJob("ft", ns, "lq", 3, 1).WorkersOnly().Annotation(v1alpha1.AnnotationGPUMemory, "20Gi").Obj())
+
+	var pods []corev1.Pod
+	env.Eventually(t, 120*time.Second, "3 pods pinned, ungated and bound", func() (bool, string) {
+		var list corev1.PodList
+		if err := env.Client.List(env.Ctx, &list, client.InNamespace(ns), client.MatchingLabels{"training.kubeflow.org/job-name": "ft"}); err != nil {
+			return false, err.Error()
+		}
+		pods = list.Items
+		if len(pods) != 3 {
+			wl, _ := env.WorkloadOf(ns, "ft", "PyTorchJob")
+			if wl != nil {
+				return false, fmt.Sprintf("%d pods; %s", len(pods), framework.DescribeWorkload(wl))
+			}
+			return false, fmt.Sprintf("%d pods", len(pods))
+		}
+		for _, p := range pods {
+			if p.Spec.NodeName == "" || p.Annotations[v1alpha1.AnnotationDevices] == "" || len(p.Spec.SchedulingGates) > 0 {
+				return false, fmt.Sprintf("pod %s: node %q devices %q gates %v", p.Name, p.Spec.NodeName, p.Annotations[v1alpha1.AnnotationDevices], p.Spec.SchedulingGates)
+			}
+		}
+		return true, ""
+	})
+
+	plan := &v1alpha1.GPUPlan{}
+	if err := env.Client.Get(env.Ctx, client.ObjectKey{Namespace: ns, Name: pods[0].Annotations[v1alpha1.AnnotationPlan]}, plan); err != nil {
+		t.Fatalf("plan: %v", err)
+	}
+	want := map[string]string{} // "<node> <devices>" per slot
+	for _, a := range plan.Spec.Assignments {
+		want[fmt.Sprintf("%s/%d", a.PodSet, a.Index)] = a.Node + " " + placement.Devices(a)
+	}
+	got := map[string]string{}
+	for _, p := range pods {
+		key := fmt.Sprintf("worker/%s", p.Labels["training.kubeflow.org/replica-index"])
+		got[key] = p.Spec.NodeName + " " + p.Annotations[v1alpha1.AnnotationDevices]
+		env := map[string]string{}
+		for _, e := range p.Spec.Containers[0].Env {
+			env[e.Name] = e.Value
+		}
+		if env[v1alpha1.EnvMemoryLimit] != "20480m" {
+			t.Errorf("pod %s: %s = %q, want 20480m", p.Name, v1alpha1.EnvMemoryLimit, env[v1alpha1.EnvMemoryLimit])
+		}
+		if q := p.Spec.Containers[0].Resources.Requests[v1alpha1.ResourceGPUMemory]; q.Value() != 20480 {
+			t.Errorf("pod %s: gpu-memory request %s", p.Name, q.String())
+		}
+	}
+	if fmt.Sprint(want) != fmt.Sprint(got) {
+		t.Errorf("pods by replica index = %v, want the plan's %v", got, want)
+	}
+	t.Logf("placed: %v", got)
+	if len(plan.Status.Bindings) != 3 || plan.Status.Phase != v1alpha1.PlanPlaced {
+		t.Errorf("plan status: phase %s bindings %v", plan.Status.Phase, plan.Status.Bindings)
+	}
+}
