@@ -182,7 +182,7 @@ func Diff(desired, existing []volcanotopology.HyperNode) (c Changes, conflicts [
 }
 
 func sameHyperNode(cur, want *volcanotopology.HyperNode) bool {
-	if !equality.Semantic.DeepEqual(cur.Spec, want.Spec) {
+	if !sameSpec(&cur.Spec, &want.Spec) {
 		return false
 	}
 	for k, v := range want.Labels {
@@ -192,6 +192,31 @@ func sameHyperNode(cur, want *volcanotopology.HyperNode) bool {
 	}
 	for k, v := range want.Annotations {
 		if cur.Annotations[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// sameSpec compares HyperNode specs field by field: a reconcile compares
+// every HyperNode of the cluster, and reflection made that half its cost.
+func sameSpec(a, b *volcanotopology.HyperNodeSpec) bool {
+	if a.Tier != b.Tier || a.TierName != b.TierName || len(a.Members) != len(b.Members) {
+		return false
+	}
+	for i := range a.Members {
+		x, y := &a.Members[i], &b.Members[i]
+		if x.Type != y.Type {
+			return false
+		}
+		xs, ys := &x.Selector, &y.Selector
+		if (xs.ExactMatch == nil) != (ys.ExactMatch == nil) || xs.ExactMatch != nil && xs.ExactMatch.Name != ys.ExactMatch.Name {
+			return false
+		}
+		if (xs.RegexMatch == nil) != (ys.RegexMatch == nil) || xs.RegexMatch != nil && xs.RegexMatch.Pattern != ys.RegexMatch.Pattern {
+			return false
+		}
+		if (xs.LabelMatch != nil || ys.LabelMatch != nil) && !equality.Semantic.DeepEqual(xs.LabelMatch, ys.LabelMatch) {
 			return false
 		}
 	}

@@ -171,3 +171,32 @@ func TestDiff(t *testing.T) {
 		})
 	}
 }
+
+// sameSpec agrees with a reflective comparison on every field that can differ.
+func TestSameSpec(t *testing.T) {
+	base := HyperNodes(Discover(levels3, []Node{node3("n1", "s1", "l1", "d1"), node3("n2", "s1", "l1", "d1")}))[0].Spec
+	muts := map[string]func(*volcanotopology.HyperNodeSpec){
+		"same":     func(*volcanotopology.HyperNodeSpec) {},
+		"tier":     func(s *volcanotopology.HyperNodeSpec) { s.Tier = 2 },
+		"tierName": func(s *volcanotopology.HyperNodeSpec) { s.TierName = "x" },
+		"fewer":    func(s *volcanotopology.HyperNodeSpec) { s.Members = s.Members[:1] },
+		"type":     func(s *volcanotopology.HyperNodeSpec) { s.Members[0].Type = volcanotopology.MemberTypeHyperNode },
+		"name":     func(s *volcanotopology.HyperNodeSpec) { s.Members[1].Selector.ExactMatch.Name = "n3" },
+		"regex": func(s *volcanotopology.HyperNodeSpec) {
+			s.Members[0].Selector.RegexMatch = &volcanotopology.RegexMatch{Pattern: "n.*"}
+		},
+		"exact→regex": func(s *volcanotopology.HyperNodeSpec) {
+			s.Members[0].Selector = volcanotopology.MemberSelector{RegexMatch: &volcanotopology.RegexMatch{Pattern: "n1"}}
+		},
+		"labels": func(s *volcanotopology.HyperNodeSpec) {
+			s.Members[0].Selector = volcanotopology.MemberSelector{LabelMatch: &metav1.LabelSelector{MatchLabels: map[string]string{"a": "b"}}}
+		},
+	}
+	for name, mut := range muts {
+		other := *base.DeepCopy()
+		mut(&other)
+		if got, want := sameSpec(&base, &other), cmp.Equal(base, other); got != want {
+			t.Errorf("%s: sameSpec = %v, cmp.Equal = %v", name, got, want)
+		}
+	}
+}
