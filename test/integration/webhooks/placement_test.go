@@ -10,6 +10,8 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	kftraining "github.com/kubeflow/training-operator/pkg/apis/kubeflow.org/v1"
+
 	"github.com/gpupack/gpupack/admissioncheck"
 	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
 	"github.com/gpupack/gpupack/test/framework"
@@ -19,11 +21,12 @@ import (
 
 // TestPyTorchJobPlacedOnPlan is the whole path: a fractional PyTorchJob is
 // converted, admitted by Kueue with the gang-fit check, its pods are created
-// by the training operator with the hook injected, gated, pinned by the
-// ungater to the planned nodes with gpupack.io/devices, and bound by the
-// real kube-scheduler.
+// (the test plays the training operator: pods from the admitted replica
+// template, with its labels and owner) with the hook injected and gated,
+// pinned by the ungater to the planned nodes with gpupack.io/devices, and
+// bound by the real kube-scheduler.
 func TestPyTorchJobPlacedOnPlan(t *testing.T) {
-	env := framework.Start(t, framework.Options{Scheduler: true, TrainingOperator: true})
+	env := framework.Start(t, framework.Options{Scheduler: true})
 	for _, n := range []string{"n1", "n2"} {
 		env.MustCreate(t, framework.MakeNode(n).GPUs(2, framework.H100).Obj())
 		env.WaitForNodeReady(t, n)
@@ -47,7 +50,28 @@ func TestPyTorchJobPlacedOnPlan(t *testing.T) {
 	ns := env.Namespace(t, "team")
 	env.MustCreate(t, framework.MakeLocalQueue("lq", ns, "cq"))
 
-	env.MustCreate(t, framework.MakePyTorchJob("ft", ns, "lq", 3, 1).WorkersOnly().Annotation(v1alpha1.AnnotationGPUMemory, "20Gi").Obj())
+	job := framework.MakePyTorchJob("ft", ns, "lq", 3, 1).WorkersOnly().Annotation(v1alpha1.AnnotationGPUMemory, "20Gi").Obj()
+	env.MustCreate(t, job)
+	env.Eventually(t, 60*time.Second, "PyTorchJob unsuspended by Kueue", func() (bool, string) {
+		if err := env.Client.Get(env.Ctx, client.ObjectKeyFromObject(job), job); err != nil {
+			return false, err.Error()
+		}
+		s := job.Spec.RunPolicy.Suspend
+		return s != nil && !*s, "still suspended"
+	})
+	// What the training operator does: one pod per replica from the
+	// (Kueue-updated) template, labelled with its type and index.
+	tmpl := job.Spec.PyTorchReplicaSpecs[kftraining.PyTorchJobReplicaTypeWorker].Template
+	for i := 0; i < 3; i++ {
+		p := &corev1.Pod{ObjectMeta: *tmpl.ObjectMeta.DeepCopy(), Spec: *tmpl.Spec.DeepCopy()}
+		p.Name, p.Namespace = fmt.Sprintf("ft-worker-%d", i), ns
+		p.Labels = map[string]string{"training.kubeflow.org/job-name": "ft", kftraining.ReplicaTypeLabel: "worker", kftraining.ReplicaIndexLabel: fmt.Sprint(i)}
+		p.OwnerReferences = []metav1.OwnerReference{*metav1.NewControllerRef(job, kftraining.GroupVersion.WithKind(kftraining.PyTorchJobKind))}
+		env.MustCreate(t, p)
+		if p.Annotations[v1alpha1.AnnotationPlan] == "" {
+			t.Fatalf("pod %s has no %s: Kueue's podSetUpdates missing from the template", p.Name, v1alpha1.AnnotationPlan)
+		}
+	}
 
 	var pods []corev1.Pod
 	env.Eventually(t, 120*time.Second, "3 pods pinned, ungated and bound", func() (bool, string) {
