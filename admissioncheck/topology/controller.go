@@ -35,6 +35,10 @@ type Options struct {
 	Parameters string
 	// TopologyName names the Kueue Topology (default "gpupack").
 	TopologyName string
+	// NoHyperNodes leaves Volcano HyperNodes alone even where the CRD is
+	// served (a manager without RBAC for them, or Volcano's own discovery
+	// in charge); the Kueue Topology is still kept.
+	NoHyperNodes bool
 	// SkipNameValidation lets tests start the controller again in one process.
 	SkipNameValidation bool
 }
@@ -48,9 +52,9 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 	}
 	log := mgr.GetLogger().WithName("topology")
 	r := &reconciler{client: mgr.GetClient(), opts: opts}
-	r.hyperNodes = served(mgr, volcanotopology.SchemeGroupVersion.WithKind("HyperNode").GroupKind(), volcanotopology.SchemeGroupVersion.Version)
+	r.hyperNodes = !opts.NoHyperNodes && served(mgr, volcanotopology.SchemeGroupVersion.WithKind("HyperNode").GroupKind(), volcanotopology.SchemeGroupVersion.Version)
 	r.kueueTopology = served(mgr, kueue.GroupVersion.WithKind("Topology").GroupKind(), kueue.GroupVersion.Version)
-	if !r.hyperNodes {
+	if !r.hyperNodes && !opts.NoHyperNodes {
 		log.Info("Volcano HyperNode CRD not served; HyperNodes will not be generated")
 	}
 	if !r.kueueTopology {
