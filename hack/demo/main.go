@@ -74,8 +74,7 @@ func main() {
 	env := framework.Start(t, framework.Options{Scheduler: true, TrainingOperator: true})
 	say("up in %.1fs (logs in %s)", time.Since(start).Seconds(), env.Dir)
 	for _, n := range []string{"gpu-node-a", "gpu-node-b"} {
-		env.MustCreate(t, framework.MakeNode(n).GPUs(4, framework.H100).Obj())
-		env.WaitForNodeReady(t, n)
+		env.CreateNode(t, framework.MakeNode(n).GPUs(4, framework.H100).Obj())
 	}
 	say("2 fake nodes x 4 H100 = 8 GPUs; Kueue quota: 16 GPUs (two teams' nominal quota over-subscribe the hardware)")
 

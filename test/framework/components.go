@@ -14,6 +14,8 @@ import (
 	"strings"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -164,6 +166,21 @@ func writeAtomic(path string, data []byte, mode os.FileMode) error {
 
 func (e *Env) startTrainingOperator(t TB) {
 	t.Helper()
+	// Its cert rotator updates (never creates) this Secret and exits
+	// without it; its webhooks are not installed here, the certs go unused.
+	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "training-operator-webhook-cert", Namespace: "kubeflow"}}
+	if err := e.Client.Create(e.Ctx, sec); err != nil {
+		t.Fatalf("training-operator secret: %v", err)
+	}
+	// It also waits for its serving certificate on disk (a mounted Secret in
+	// a cluster) and for CA injection into its webhook configuration.
+	if err := ensureSelfSignedPair("/tmp/k8s-webhook-server/serving-certs"); err != nil {
+		t.Fatalf("training-operator certs: %v", err)
+	}
+	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "validator.training-operator.kubeflow.org"}}
+	if err := e.Client.Create(e.Ctx, vwc); err != nil {
+		t.Fatalf("training-operator webhook configuration: %v", err)
+	}
 	port, err := FreePort()
 	if err != nil {
 		t.Fatalf("%v", err)

@@ -46,8 +46,10 @@ import (
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -93,6 +95,8 @@ type Env struct {
 	cancel  context.CancelFunc
 	mu      sync.Mutex
 	procs   []*Process
+	// scheduling: kube-scheduler, kube-controller-manager and kwok run.
+	scheduling bool
 }
 
 // Scheme returns a scheme with every type gpupack's tests touch.
@@ -126,7 +130,12 @@ var buildErr error
 
 // EnsureTools builds the control-plane binaries if they are missing (a no-op
 // when the pinned versions are already there).
+//
+// GPUPACK_SKIP_TOOLS_BUILD=1 skips the check (the binaries must be there).
 func EnsureTools() error {
+	if os.Getenv("GPUPACK_SKIP_TOOLS_BUILD") != "" {
+		return nil
+	}
 	buildOnce.Do(func() {
 		cmd := exec.Command(filepath.Join(RepoRoot(), "hack", "build-tools.sh"))
 		var out bytes.Buffer
@@ -216,6 +225,7 @@ func Start(t TB, opts Options) *Env {
 	}
 	if opts.Scheduler {
 		e.startScheduling(t)
+		e.scheduling = true
 	}
 	if opts.TrainingOperator {
 		e.startTrainingOperator(t)
@@ -390,6 +400,8 @@ func (e *Env) StartManager(t TB, setup func(ctrl.Manager) error, webhookOpts ...
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
 		LeaderElection:         false,
+		// Tests restart "the manager" in one process; names repeat.
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	}
 	if len(webhookOpts) > 0 {
 		o.WebhookServer = webhook.NewServer(webhookOpts[0])
@@ -435,7 +447,7 @@ func (e *Env) stop(t TB) {
 	e.mu.Unlock()
 	if t.Failed() {
 		for _, p := range procs {
-			t.Logf("---- last lines of %s (%s) ----\n%s", p.Name, p.LogPath, p.Tail(40))
+			t.Logf("---- last lines of %s (%s) ----\n%s", p.Name, p.LogPath, p.Tail(15))
 		}
 	}
 	for i := len(procs) - 1; i >= 0; i-- {

@@ -140,3 +140,36 @@ func (e *Env) WaitForNodeReady(t TB, name string) {
 		return false, "no Ready condition"
 	})
 }
+
+// CreateNode creates a fake node and waits until pods can land on it. With
+// the scheduler stack running, kwok and the node-lifecycle controller make it
+// Ready; without it, the not-ready taint the apiserver adds at creation is
+// lifted here (the node's status already says Ready), as the controller would.
+func (e *Env) CreateNode(t TB, n *corev1.Node) {
+	t.Helper()
+	e.MustCreate(t, n)
+	if e.scheduling {
+		e.WaitForNodeReady(t, n.Name)
+		return
+	}
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var cur corev1.Node
+		if err := e.Client.Get(e.Ctx, client.ObjectKey{Name: n.Name}, &cur); err != nil {
+			return err
+		}
+		var keep []corev1.Taint
+		for _, tn := range cur.Spec.Taints {
+			if tn.Key != corev1.TaintNodeNotReady && tn.Key != corev1.TaintNodeUnreachable {
+				keep = append(keep, tn)
+			}
+		}
+		if len(keep) == len(cur.Spec.Taints) {
+			return nil
+		}
+		cur.Spec.Taints = keep
+		return e.Client.Update(e.Ctx, &cur)
+	})
+	if err != nil {
+		t.Fatalf("lifting not-ready taint of %s: %v", n.Name, err)
+	}
+}

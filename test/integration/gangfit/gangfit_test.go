@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -100,13 +101,10 @@ func TestSeedDeadlockExactlyOneAdmitted(t *testing.T) {
 	}
 }
 
+// mustWorkload returns a job's Workload, waiting for Kueue to create it.
 func mustWorkload(t *testing.T, s *suite, job string) *kueue.Workload {
 	t.Helper()
-	wl, err := s.env.WorkloadOf(s.ns, job, "PyTorchJob")
-	if err != nil || wl == nil {
-		t.Fatalf("workload of %s: %v", job, err)
-	}
-	return wl
+	return s.env.WaitForWorkloadOf(t, s.ns, job, "PyTorchJob", nil)
 }
 
 // fractional makes every replica ask for one shared GPU with mib MiB, as the
@@ -128,11 +126,14 @@ func fractional(j *kftraining.PyTorchJob, mib int64) *kftraining.PyTorchJob {
 	return j
 }
 
-// 3 × 50 GiB on 2 × 80 GiB GPUs: Kueue's aggregate quota admits it, no GPU
-// can take two. Held with a precise message; 3 × 30 GiB is admitted.
+// 3 × 50 GiB on 2 free × 80 GiB GPUs: Kueue's aggregate quota admits it, no
+// GPU can take two. Held (Retry: two more GPUs exist but are busy) with a
+// precise message; 3 × 30 GiB is admitted.
 func TestFragmentationHeldWithPreciseMessage(t *testing.T) {
-	s := setup(t, framework.Options{}, v1alpha1.GangFitParametersSpec{}, 2, framework.MakeNode("n1").GPUs(2, framework.H100).Obj())
+	s := setup(t, framework.Options{}, v1alpha1.GangFitParametersSpec{}, 4,
+		framework.MakeNode("n1").GPUs(2, framework.H100).Obj(), framework.MakeNode("busy").GPUs(2, framework.H100).Obj())
 	env := s.env
+	holdGPUs(t, s, "busy", 2, false)
 	big := fractional(framework.MakePyTorchJob("big", s.ns, "lq", 2, 1).Obj(), 50*1024)
 	env.MustCreate(t, big)
 	env.Eventually(t, 30*time.Second, "big job held with a per-GPU reason", func() (bool, string) {
@@ -220,18 +221,10 @@ func TestRequiredLevelKeepsGangInOneRack(t *testing.T) {
 func TestTerminatingPodsHoldGPUsUntilGone(t *testing.T) {
 	s := setup(t, framework.Options{}, v1alpha1.GangFitParametersSpec{}, 8, framework.MakeNode("n1").GPUs(8, framework.H100).Obj())
 	env := s.env
-	var devs []v1alpha1.DeviceAssignment
-	for i := 0; i < 8; i++ {
-		devs = append(devs, v1alpha1.DeviceAssignment{UUID: fmt.Sprintf("GPU-n1-%d", i), MemoryMiB: flavors.Allocatable(81559)})
-	}
-	victim := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "victim", Namespace: s.ns, Finalizers: []string{"test.gpupack.io/hold"},
-			Annotations: map[string]string{v1alpha1.AnnotationDevices: v1alpha1.FormatDevices(devs)}},
-		Spec: corev1.PodSpec{NodeName: "n1", Containers: []corev1.Container{{Name: "c", Image: "x",
-			Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{v1alpha1.ResourceNvidiaGPU: resource.MustParse("8")}}}}},
-	}
-	env.MustCreate(t, victim)
-	if err := env.Client.Delete(env.Ctx, victim); err != nil {
+	victim := holdGPUs(t, s, "n1", 8, true)
+	// Grace 0: no kubelet runs here to confirm a graceful stop, so the
+	// finalizer alone decides when the pod is gone.
+	if err := env.Client.Delete(env.Ctx, victim, client.GracePeriodSeconds(0)); err != nil {
 		t.Fatal(err)
 	}
 	env.MustCreate(t, framework.MakePyTorchJob("preemptor", s.ns, "lq", 7, 1).Obj())
@@ -248,8 +241,7 @@ func TestTerminatingPodsHoldGPUsUntilGone(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	victim.Finalizers = nil
-	if err := env.Client.Update(env.Ctx, victim); err != nil {
+	if err := env.Client.Patch(env.Ctx, victim, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`))); err != nil {
 		t.Fatal(err)
 	}
 	env.WaitForWorkloadOf(t, s.ns, "preemptor", "PyTorchJob", admitted)
@@ -311,4 +303,26 @@ func TestBadParametersRef(t *testing.T) {
 		c := cond()
 		return c != nil && c.Status == metav1.ConditionTrue, fmt.Sprint(c)
 	})
+}
+
+// holdGPUs creates a pod pinned (gpupack.io/devices) to n whole GPUs of a
+// node, as a placed pod of another workload; withFinalizer keeps it
+// terminating after deletion until the test lets it go.
+func holdGPUs(t *testing.T, s *suite, node string, n int, withFinalizer bool) *corev1.Pod {
+	t.Helper()
+	var devs []v1alpha1.DeviceAssignment
+	for i := 0; i < n; i++ {
+		devs = append(devs, v1alpha1.DeviceAssignment{UUID: fmt.Sprintf("GPU-%s-%d", node, i), MemoryMiB: flavors.Allocatable(81559)})
+	}
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "holder-" + node, Namespace: s.ns,
+			Annotations: map[string]string{v1alpha1.AnnotationDevices: v1alpha1.FormatDevices(devs)}},
+		Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c", Image: "x",
+			Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{v1alpha1.ResourceNvidiaGPU: *resource.NewQuantity(int64(n), resource.DecimalSI)}}}}},
+	}
+	if withFinalizer {
+		p.Finalizers = []string{"test.gpupack.io/hold"}
+	}
+	s.env.MustCreate(t, p)
+	return p
 }

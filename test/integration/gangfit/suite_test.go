@@ -36,12 +36,7 @@ func setup(t *testing.T, opts framework.Options, spec v1alpha1.GangFitParameters
 	t.Helper()
 	env := framework.Start(t, opts)
 	for _, n := range nodes {
-		env.MustCreate(t, n)
-	}
-	if opts.Scheduler {
-		for _, n := range nodes {
-			env.WaitForNodeReady(t, n.Name)
-		}
+		env.CreateNode(t, n)
 	}
 	if spec.RetryBackoff.MinSeconds == nil {
 		spec.RetryBackoff = v1alpha1.RetryBackoff{MinSeconds: ptr.To[int32](1), MaxSeconds: ptr.To[int32](2)}
