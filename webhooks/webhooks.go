@@ -5,10 +5,12 @@
 package webhooks
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"net/http"
 
+	"gomodules.xyz/jsonpatch/v2"
 	admissionv1 "k8s.io/api/admission/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -75,13 +77,24 @@ func Handlers(m *mutation.Mutator, owners client.Reader) map[string]admission.Ha
 // and is the cheapest path.
 func decode(raw []byte, into any) error { return json.Unmarshal(raw, into) }
 
-func patched(req admission.Request, obj any, warn []string) admission.Response {
-	b, err := json.Marshal(obj)
+// specPatch answers with one JSON patch op that sets /spec to after, or no
+// patch when the spec did not change. The mutations only ever change spec
+// (pod template annotations live inside a job's spec), and a whole-spec op
+// is far cheaper than diffing the full object (CreatePatch parses both
+// documents into generic maps).
+func specPatch(before []byte, after any, warn []string) admission.Response {
+	a, err := json.Marshal(after)
 	if err != nil {
 		return admission.Errored(http.StatusInternalServerError, err)
 	}
-	resp := admission.PatchResponseFromRaw(req.Object.Raw, b)
+	resp := admission.Allowed("")
 	resp.Warnings = warn
+	if bytes.Equal(before, a) {
+		return resp
+	}
+	pt := admissionv1.PatchTypeJSONPatch
+	resp.PatchType = &pt
+	resp.Patches = []jsonpatch.JsonPatchOperation{{Operation: "add", Path: "/spec", Value: json.RawMessage(a)}}
 	return resp
 }
 
@@ -107,11 +120,12 @@ func (h *podMutator) Handle(ctx context.Context, req admission.Request) admissio
 	if pod.Namespace == "" {
 		pod.Namespace = req.Namespace
 	}
+	before, _ := json.Marshal(pod.Spec)
 	warn, err := h.m.Pod(pod, mutation.PodContext{ResumeStep: h.resumeStep(ctx, pod)})
 	if err != nil {
 		return denied(err, warn)
 	}
-	return patched(req, pod, warn)
+	return specPatch(before, pod.Spec, warn)
 }
 
 // resumeStep reads gpupack.io/last-consistent-checkpoint from the pod's
@@ -174,11 +188,12 @@ func (h *jobMutator) Handle(_ context.Context, req admission.Request) admission.
 	if err := decode(req.Object.Raw, j); err != nil {
 		return admission.Errored(http.StatusBadRequest, err)
 	}
+	before, _ := json.Marshal(j.Spec)
 	warn, err := h.m.Job(j)
 	if err != nil {
 		return denied(err, warn)
 	}
-	return patched(req, j, warn)
+	return specPatch(before, j.Spec, warn)
 }
 
 type jobValidator struct{ m *mutation.Mutator }
@@ -215,11 +230,12 @@ func (h *ptMutator) Handle(_ context.Context, req admission.Request) admission.R
 	if err := decode(req.Object.Raw, j); err != nil {
 		return admission.Errored(http.StatusBadRequest, err)
 	}
+	before, _ := json.Marshal(j.Spec)
 	warn, err := h.m.PyTorchJob(j)
 	if err != nil {
 		return denied(err, warn)
 	}
-	return patched(req, j, warn)
+	return specPatch(before, j.Spec, warn)
 }
 
 type ptValidator struct{ m *mutation.Mutator }
