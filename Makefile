@@ -44,6 +44,11 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 
+# Renders manifests/ (kustomize overlays + Helm chart), server-side applies
+# them to the embedded real apiserver and runs the built manager from them.
+install-check: tools
+	hack/install-check.sh
+
 codegen:
 	hack/codegen.sh
 

@@ -28,6 +28,7 @@ import (
 	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
 	"github.com/gpupack/gpupack/admissioncheck/fit"
 	"github.com/gpupack/gpupack/admissioncheck/inventory"
+	"github.com/gpupack/gpupack/admissioncheck/volcano"
 	"github.com/gpupack/gpupack/flavors"
 )
 
@@ -135,7 +136,7 @@ func (r *workloadReconciler) decide(ctx context.Context, wl *kueue.Workload, che
 	var existing v1alpha1.GPUPlan
 	switch err := r.planReader.Get(ctx, planKey, &existing); {
 	case err == nil && existing.Spec.WorkloadUID == wl.UID && existing.Status.Phase != v1alpha1.PlanReleased:
-		return 0, r.setReady(ctx, wl, check, &existing, "GPUs reserved by an existing plan")
+		return 0, r.setReady(ctx, wl, check, &existing, params, "GPUs reserved by an existing plan")
 	case err == nil:
 		if err := r.client.Delete(ctx, &existing); client.IgnoreNotFound(err) != nil {
 			return 0, err
@@ -153,7 +154,7 @@ func (r *workloadReconciler) decide(ctx context.Context, wl *kueue.Workload, che
 	}
 	if len(gang.PodSets) == 0 {
 		decisions.WithLabelValues(ResultNoGPU).Inc()
-		return 0, r.setState(ctx, wl, check, kueue.CheckStateReady, "no pod set asks for GPUs", nil, params)
+		return 0, r.setState(ctx, wl, check, kueue.CheckStateReady, "no pod set asks for GPUs", volcano.AddPodSetUpdates(wl, params, nil), params)
 	}
 	level, err := r.levelFor(ctx, wl, params)
 	if err != nil {
@@ -182,7 +183,7 @@ func (r *workloadReconciler) decide(ctx context.Context, wl *kueue.Workload, che
 		decisions.WithLabelValues(ResultReady).Inc()
 		msg := fmt.Sprintf("all %d pods fit on %d GPUs%s", gang.Pods(), plan.Spec.GPUCount, inDomain(res))
 		r.recorder.Event(wl, corev1.EventTypeNormal, EventFits, msg+"; plan "+plan.Name)
-		return 0, r.setReady(ctx, wl, check, plan, msg)
+		return 0, r.setReady(ctx, wl, check, plan, params, msg)
 	}
 	why := summarize(res)
 	if l.terminatingPods > 0 {
@@ -361,7 +362,7 @@ func (r *workloadReconciler) releasePlan(ctx context.Context, wl *kueue.Workload
 	return nil
 }
 
-func (r *workloadReconciler) setReady(ctx context.Context, wl *kueue.Workload, check kueue.AdmissionCheckReference, plan *v1alpha1.GPUPlan, msg string) error {
+func (r *workloadReconciler) setReady(ctx context.Context, wl *kueue.Workload, check kueue.AdmissionCheckReference, plan *v1alpha1.GPUPlan, params *v1alpha1.GangFitParameters, msg string) error {
 	var updates []kueue.PodSetUpdate
 	gpuSets := map[string]bool{}
 	for _, a := range plan.Spec.Assignments {
@@ -379,6 +380,8 @@ func (r *workloadReconciler) setReady(ctx context.Context, wl *kueue.Workload, c
 		}
 		updates = append(updates, u)
 	}
+	// Pods run under Volcano join the workload's one PodGroup.
+	updates = volcano.AddPodSetUpdates(wl, params, updates)
 	return r.setState(ctx, wl, check, kueue.CheckStateReady, msg, updates, nil)
 }
 

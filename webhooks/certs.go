@@ -17,6 +17,9 @@ type CertOptions struct {
 	CertDir string
 	// RequireLeaderElection: only the leader rotates (several replicas).
 	RequireLeaderElection bool
+	// EvictionWebhook also injects the CA into the preemption coordinator's
+	// pods/eviction configuration (gpupack-preemption-eviction).
+	EvictionWebhook bool
 }
 
 // SetupCerts adds cert-controller's rotator to mgr: it generates a CA and a
@@ -30,6 +33,13 @@ func SetupCerts(mgr ctrl.Manager, o CertOptions) (<-chan struct{}, error) {
 		return nil, fmt.Errorf("webhook certs: namespace, service name, secret name and cert dir are required")
 	}
 	ready := make(chan struct{})
+	hooks := []rotator.WebhookInfo{
+		{Name: o.MutatingName, Type: rotator.Mutating},
+		{Name: o.ValidatingName, Type: rotator.Validating},
+	}
+	if o.EvictionWebhook {
+		hooks = append(hooks, rotator.WebhookInfo{Name: "gpupack-preemption-eviction", Type: rotator.Validating})
+	}
 	svc := fmt.Sprintf("%s.%s.svc", o.ServiceName, o.Namespace)
 	err := rotator.AddRotator(mgr, &rotator.CertRotator{
 		SecretKey:             types.NamespacedName{Namespace: o.Namespace, Name: o.SecretName},
@@ -40,10 +50,7 @@ func SetupCerts(mgr ctrl.Manager, o CertOptions) (<-chan struct{}, error) {
 		ExtraDNSNames:         []string{svc + ".cluster.local"},
 		IsReady:               ready,
 		RequireLeaderElection: o.RequireLeaderElection,
-		Webhooks: []rotator.WebhookInfo{
-			{Name: o.MutatingName, Type: rotator.Mutating},
-			{Name: o.ValidatingName, Type: rotator.Validating},
-		},
+		Webhooks:              hooks,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("webhook certs: %w", err)

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
@@ -25,6 +26,8 @@ import (
 
 	"github.com/gpupack/gpupack/admissioncheck"
 	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
+	"github.com/gpupack/gpupack/admissioncheck/topology"
+	"github.com/gpupack/gpupack/admissioncheck/volcano"
 	"github.com/gpupack/gpupack/cmd/internal/version"
 	"github.com/gpupack/gpupack/preemption"
 	"github.com/gpupack/gpupack/webhooks"
@@ -49,6 +52,9 @@ func main() {
 		enableCheck    = flag.Bool("enable-gang-fit", true, "run the gpupack.io/gang-fit admission check")
 		enablePreempt  = flag.Bool("enable-preemption", true, "run the preemption coordinator")
 		evictionHook   = flag.Bool("enable-eviction-webhook", false, "serve the pods/eviction webhook that delays drains of checkpointing pods")
+		enableVolcano  = flag.Bool("enable-volcano", false, "create one Volcano PodGroup per admitted workload and keep HyperNodes (needs the volcano overlay's RBAC)")
+		enableTopology = flag.Bool("enable-topology", true, "generate a Kueue Topology (and, with --enable-volcano, HyperNodes) from the GangFitParameters' levels")
+		topologyParams = flag.String("topology-parameters", "", "GangFitParameters whose topologyLevels define the hierarchy (default: the first that has them)")
 		enableWebhooks = flag.Bool("enable-webhooks", true, "serve the fractional-GPU mutating/validating webhooks and run the placement ungater")
 		webhookConfig  = flag.String("webhook-config", "", "webhook configuration file (YAML; see docs/webhooks.md); empty = defaults")
 		certMode       = flag.String("cert-management", "internal", "webhook certificates: internal (cert-controller rotates them and injects the CA) or external (cert-manager or files in --cert-dir)")
@@ -97,7 +103,9 @@ func main() {
 		if *certMode == "internal" {
 			serve := webhooks.DefaultServeOptions()
 			serve.Namespace = *namespace
-			ready, err := webhooks.SetupCerts(mgr, webhooks.CertOptions{ServeOptions: serve, SecretName: "gpupack-webhook-cert", CertDir: *certDir, RequireLeaderElection: *leaderElect})
+			// Every replica keeps certificates (not only the leader): a standby
+			// that never becomes ready would block drains under the PDB.
+			ready, err := webhooks.SetupCerts(mgr, webhooks.CertOptions{ServeOptions: serve, SecretName: "gpupack-webhook-cert", CertDir: *certDir, EvictionWebhook: *evictionHook})
 			if err != nil {
 				log.Error(err, "setting up webhook certificates")
 				os.Exit(1)
@@ -106,16 +114,30 @@ func main() {
 		} else {
 			close(certsReady)
 		}
-		if err := webhooks.Setup(mgr, cfg); err != nil {
-			log.Error(err, "setting up webhooks")
-			os.Exit(1)
-		}
+		// Registering a handler starts the webhook server; do it only once
+		// the certificates are on disk, or the server exits at start.
+		go func() {
+			<-certsReady
+			if err := webhooks.Setup(mgr, cfg); err != nil {
+				log.Error(err, "setting up webhooks")
+				os.Exit(1)
+			}
+			if *evictionHook {
+				mgr.GetWebhookServer().Register(preemption.EvictionWebhookPath, &webhook.Admission{Handler: &preemption.EvictionHandler{
+					Reader: mgr.GetAPIReader(), Client: mgr.GetClient(), DefaultTimeout: 5 * time.Minute, Now: time.Now,
+				}})
+			}
+		}()
 		if err := placement.Setup(mgr); err != nil {
 			log.Error(err, "setting up the placement ungater")
 			os.Exit(1)
 		}
 	} else {
 		close(certsReady)
+	}
+	if *evictionHook && !*enableWebhooks {
+		log.Error(nil, "--enable-eviction-webhook needs --enable-webhooks (the webhook server and its certificates)")
+		os.Exit(1)
 	}
 	if *enableCheck {
 		if err := admissioncheck.Setup(mgr, admissioncheck.Options{}); err != nil {
@@ -124,8 +146,20 @@ func main() {
 		}
 	}
 	if *enablePreempt {
-		if err := preemption.SetupWithManager(mgr, preemption.Options{EvictionWebhook: *evictionHook}); err != nil {
+		if err := preemption.SetupWithManager(mgr, preemption.Options{}); err != nil {
 			log.Error(err, "setting up the preemption coordinator")
+			os.Exit(1)
+		}
+	}
+	if *enableVolcano {
+		if err := volcano.Setup(mgr, volcano.Options{}); err != nil {
+			log.Error(err, "setting up the Volcano PodGroup bridge")
+			os.Exit(1)
+		}
+	}
+	if *enableTopology {
+		if err := topology.Setup(mgr, topology.Options{Parameters: *topologyParams, NoHyperNodes: !*enableVolcano}); err != nil {
+			log.Error(err, "setting up topology generation")
 			os.Exit(1)
 		}
 	}
