@@ -86,7 +86,7 @@ func (p *PodAnnotator) ReportStep(ctx context.Context, step int64) error {
 	body, _ := json.Marshal(map[string]any{"metadata": map[string]any{
 		"annotations": map[string]string{v1alpha1.AnnotationCheckpointStep: strconv.FormatInt(step, 10)},
 	}})
-	u := p.BaseURL + "/api/v1/namespaces/" + url.PathEscape(p.Namespace) + "/pods/" + url.PathEscape(p.Name)
+	u := strings.TrimRight(p.BaseURL, "/") + "/api/v1/namespaces/" + url.PathEscape(p.Namespace) + "/pods/" + url.PathEscape(p.Name)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPatch, u, bytes.NewReader(body))
 	if err != nil {
 		return err

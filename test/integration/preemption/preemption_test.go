@@ -29,6 +29,7 @@ import (
 	"testing"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -425,7 +426,12 @@ func TestDrainEvictionWaitsForCheckpointWithinBudget(t *testing.T) {
 	env.StartManager(t, func(mgr ctrl.Manager) error {
 		return preemption.SetupWithManager(mgr, preemption.Options{EvictionWebhook: true, SkipNameValidation: true})
 	}, whOpts)
-	env.InstallWebhooks(t, whOpts, preemption.EvictionWebhookConfiguration("gpupack-system", "gpupack-webhook"))
+	whc := preemption.EvictionWebhookConfiguration("gpupack-system", "gpupack-webhook")
+	// Fail rather than Ignore here: a webhook the API server cannot reach
+	// must fail the test, not let every eviction through.
+	fail := admissionregistrationv1.Fail
+	whc.Webhooks[0].FailurePolicy = &fail
+	env.InstallWebhooks(t, whOpts, whc)
 	ns := env.Namespace(t, "drain")
 	const budget = 6 * time.Second
 	mkPod := func(name string, opted bool) *corev1.Pod {
@@ -438,8 +444,11 @@ func TestDrainEvictionWaitsForCheckpointWithinBudget(t *testing.T) {
 		env.MustCreate(t, p)
 		return p
 	}
+	// One eviction attempt: client-go would otherwise honour the 429's
+	// Retry-After itself and retry (as kubectl drain does), hiding the hold.
 	evict := func(name string) error {
-		return env.Clientset.PolicyV1().Evictions(ns).Evict(env.Ctx, &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}})
+		return env.Clientset.CoreV1().RESTClient().Post().Namespace(ns).Resource("pods").Name(name).SubResource("eviction").
+			MaxRetries(0).Body(&policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}}).Do(env.Ctx).Error()
 	}
 	held := func(err error) bool { return apierrors.IsTooManyRequests(err) }
 	gone := func(name string) bool {
@@ -448,12 +457,18 @@ func TestDrainEvictionWaitsForCheckpointWithinBudget(t *testing.T) {
 		return apierrors.IsNotFound(err) || (err == nil && p.DeletionTimestamp != nil)
 	}
 
-	// Webhook reachable: a not-opted-in pod is evicted at once.
-	mkPod("plain", false)
-	env.Eventually(t, 30*time.Second, "plain pod evicted", func() (bool, string) {
-		err := evict("plain")
-		return err == nil, fmt.Sprint(err)
+	// The API server picks a new webhook configuration up after a moment:
+	// wait until an opted-in probe pod is held.
+	mkPod("probe", true)
+	env.Eventually(t, 30*time.Second, "eviction webhook in force", func() (bool, string) {
+		err := evict("probe")
+		return held(err), fmt.Sprint(err)
 	})
+	// A pod that did not opt in is evicted at once.
+	mkPod("plain", false)
+	if err := evict("plain"); err != nil {
+		t.Fatalf("eviction of a pod that did not opt in: %v, want allowed", err)
+	}
 
 	// An opted-in pod that checkpoints: held until it reports.
 	mkPod("saver", true)
@@ -484,7 +499,7 @@ func TestDrainEvictionWaitsForCheckpointWithinBudget(t *testing.T) {
 	if py, err := exec.LookPath("python3"); err == nil {
 		mkPod("real-agent", true)
 		dir := t.TempDir()
-		annFile, ckdir := filepath.Join(dir, "annotations"), filepath.Join(dir, "ckpt")
+		annFile, ckdir, evFile := filepath.Join(dir, "annotations"), filepath.Join(dir, "ckpt"), filepath.Join(dir, "events")
 		kubeletStop := make(chan struct{})
 		kubeletDone := make(chan struct{})
 		go func() { // the kubelet's downward-API refresh
@@ -518,14 +533,17 @@ func TestDrainEvictionWaitsForCheckpointWithinBudget(t *testing.T) {
 		exit := make(chan int, 1)
 		go func() {
 			exit <- ckagent.Run(ckagent.Config{
-				Command:          []string{py, filepath.Join(framework.RepoRoot(), "checkpoint", "python", "testdata", "trainer.py"), "--mode", "cooperative", "--dir", ckdir, "--save-every", "5"},
+				Command:          []string{py, filepath.Join(framework.RepoRoot(), "checkpoint", "python", "testdata", "trainer.py"), "--mode", "cooperative", "--dir", ckdir, "--save-every", "5", "--events", evFile},
 				CheckpointSignal: syscall.SIGUSR1, CheckpointTimeout: budget, Grace: 2 * budget, KillMargin: time.Second,
 				ExitWait: 2 * time.Second, CheckpointDir: ckdir, AnnotationsFile: annFile, Poll: 100 * time.Millisecond,
 				Reporter: &ckagent.PodAnnotator{BaseURL: env.Config.Host, Namespace: ns, Name: "real-agent", Client: httpClient},
 				Log:      testLog{t},
 			})
 		}()
-		time.Sleep(time.Second) // the trainer installs its handler
+		env.Eventually(t, 30*time.Second, "trainer ready (signal handler installed)", func() (bool, string) {
+			b, _ := os.ReadFile(evFile)
+			return strings.Contains(string(b), " ready"), string(b)
+		})
 		if err := evict("real-agent"); !held(err) {
 			t.Fatalf("first eviction of the real agent's pod: %v, want 429", err)
 		}
