@@ -217,6 +217,36 @@ func TestWebhooks(t *testing.T) {
 		}
 	})
 
+	t.Run("checkpoint opt-in and resume step", func(t *testing.T) {
+		owner := unqueued(framework.MakeJob("trainer", ns, "", 1, 1).Obj())
+		owner.Annotations[v1alpha1.AnnotationLastConsistentCheckpoint] = "4200"
+		env.MustCreate(t, owner) // suspended: no pods of its own
+		c := corev1.Container{Resources: oneGPU, Command: []string{"python", "train.py"}, Args: []string{"--resume"}}
+		p := gpuPod(ns, "ckpt", map[string]string{v1alpha1.AnnotationGPUMemory: "10Gi", v1alpha1.AnnotationCheckpoint: "true", v1alpha1.AnnotationCheckpointTimeout: "2m"}, c)
+		p.OwnerReferences = []metav1.OwnerReference{*metav1.NewControllerRef(owner, batchv1.SchemeGroupVersion.WithKind("Job"))}
+		env.MustCreate(t, p)
+		got := p.Spec
+		if len(got.InitContainers) != 1 || got.InitContainers[0].Name != "gpupack-ckpt-install" {
+			t.Errorf("init containers = %+v", got.InitContainers)
+		}
+		cmd := strings.Join(got.Containers[0].Command, " ")
+		if !strings.HasPrefix(cmd, "/gpupack/bin/gpupack-ckpt --checkpoint-signal=SIGUSR1 --checkpoint-timeout=2m0s --grace=2m30s") || !strings.HasSuffix(cmd, "-- python train.py --resume") {
+			t.Errorf("command = %q", cmd)
+		}
+		if got.TerminationGracePeriodSeconds == nil || *got.TerminationGracePeriodSeconds != 150 {
+			t.Errorf("terminationGracePeriodSeconds = %v, want 150", got.TerminationGracePeriodSeconds)
+		}
+		step := ""
+		for _, e := range got.Containers[0].Env {
+			if e.Name == v1alpha1.EnvResumeStep {
+				step = e.Value
+			}
+		}
+		if step != "4200" {
+			t.Errorf("%s = %q, want the owner's 4200", v1alpha1.EnvResumeStep, step)
+		}
+	})
+
 	t.Run("webhook down", func(t *testing.T) {
 		stop()
 		gpu := gpuPod(ns, "while-down", map[string]string{v1alpha1.AnnotationGPUMemory: "1Gi"}, corev1.Container{Resources: oneGPU})
