@@ -356,6 +356,8 @@ func TestPreemptedJobCheckpointsThenYields(t *testing.T) {
 		return st.Phase == ladder.PhaseDone, fmt.Sprintf("phases %v, %d pods left", phasesOf(st), len(s.pods(t, "low")))
 	})
 	done, wl := s.state(t, "low")
+	raw, _ := json.Marshal(done)
+	t.Logf("victim's %s: %s", v1alpha1.AnnotationPreemptionPhase, raw)
 	want := []ladder.Phase{ladder.PhaseCheckpointing, ladder.PhaseTerminating, ladder.PhaseDone}
 	if got := phasesOf(done); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("phases %v, want %v", got, want)
@@ -401,6 +403,13 @@ func TestPreemptedJobCheckpointsThenYields(t *testing.T) {
 	if lowGoneAt.IsZero() {
 		t.Error("never saw the victim's pods gone")
 	}
+	var first time.Time
+	for _, p := range s.pods(t, "high") {
+		if first.IsZero() || p.CreationTimestamp.Time.Before(first) {
+			first = p.CreationTimestamp.Time
+		}
+	}
+	t.Logf("victim's last pod gone at %s; preemptor's first pod created at %s", lowGoneAt.Format(time.RFC3339Nano), first.Format(time.RFC3339))
 }
 
 type testLog struct{ t *testing.T }
