@@ -39,11 +39,11 @@ type req struct {
 	bitIdx uint
 }
 
-func (r *req) need(phys int64) int64 {
+func (r *req) need(alloc int64) int64 {
 	if r.mem > 0 {
 		return r.mem
 	}
-	return max(1, phys*int64(r.pct)/100)
+	return max(1, alloc*int64(r.pct)/100)
 }
 
 // slots is how many pods of r one GPU can still serve (each pod uses a GPU
@@ -61,7 +61,7 @@ func (r *req) slots(g *gpuState) int64 {
 	if g.excl > 0 {
 		return 0
 	}
-	s := g.free() / r.need(g.phys)
+	s := g.free() / r.need(g.alloc)
 	if r.cores > 0 {
 		s = min(s, int64(g.freeCores()/r.cores))
 	}
@@ -69,7 +69,7 @@ func (r *req) slots(g *gpuState) int64 {
 }
 
 func (r *req) apply(g *gpuState, sign int) Usage {
-	u := Usage{MemoryMiB: r.need(g.phys), Cores: r.cores}
+	u := Usage{MemoryMiB: r.need(g.alloc), Cores: r.cores}
 	if r.excl {
 		u = Usage{MemoryMiB: g.alloc, Cores: 100, Exclusive: true}
 	}
@@ -1096,7 +1096,7 @@ func (s *scratch) assignments(m *Model) []Assignment {
 		a := Assignment{PodSet: sg.name, Index: idx, Node: m.nodes[n.ni].n.Name}
 		for _, gi := range p.gpus {
 			g := s.gpu(gi)
-			u := Usage{UUID: m.info[gi].UUID, MemoryMiB: r.need(g.phys), Cores: r.cores}
+			u := Usage{UUID: m.info[gi].UUID, MemoryMiB: r.need(g.alloc), Cores: r.cores}
 			if r.excl {
 				u = Usage{UUID: m.info[gi].UUID, MemoryMiB: g.alloc, Cores: 100, Exclusive: true}
 			}

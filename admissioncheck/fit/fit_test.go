@@ -146,18 +146,21 @@ func TestFitDecisions(t *testing.T) {
 			wantWhy: []string{"only 0 GPUs have 50% SM free (need 50% per GPU on 1 GPU for pod set w)"},
 		},
 		{
-			name: "memory percentage is a share of physical", nodes: []Node{mkNode("n", 1, gi80)},
-			gang: gang(PodSet{Name: "w", Count: 2, GPUsPerPod: 1, MemoryPercent: 40}), wantFits: true,
+			// As the webhook reads it: a share of allocatable, so 100 % is the
+			// whole allocatable and two halves fill a GPU exactly.
+			name: "memory percentage is a share of allocatable", nodes: []Node{mkNode("n", 1, gi80)},
+			gang: gang(PodSet{Name: "w", Count: 2, GPUsPerPod: 1, MemoryPercent: 50}), wantFits: true,
 		},
 		{
 			name: "two memory-percentage shares above allocatable", nodes: []Node{mkNode("n", 1, gi80)},
-			gang:    gang(PodSet{Name: "w", Count: 2, GPUsPerPod: 1, MemoryPercent: 45}),
+			gang:    gang(PodSet{Name: "w", Count: 2, GPUsPerPod: 1, MemoryPercent: 51}),
 			wantWhy: []string{"cluster: 1 of 2 pods fit"},
 		},
 		{
-			name: "memory percentage above the 90 % line", nodes: []Node{mkNode("n", 1, gi80)},
-			gang:    gang(PodSet{Name: "w", Count: 1, GPUsPerPod: 1, MemoryPercent: 95}),
-			wantWhy: []string{"only 0 GPUs have 95% of memory free"},
+			name: "100 % is the whole allocatable", nodes: []Node{mkNode("n", 1, gi80)},
+			usage:   []Usage{{UUID: "n-g0", MemoryMiB: 1, Cores: 0}},
+			gang:    gang(PodSet{Name: "w", Count: 1, GPUsPerPod: 1, MemoryPercent: 100}),
+			wantWhy: []string{"only 0 GPUs have 100% of memory free"},
 		},
 		{
 			name:  "NotReady, cordoned, tainted nodes and unhealthy GPUs are excluded",

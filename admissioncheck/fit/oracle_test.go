@@ -58,7 +58,7 @@ func oNeed(ps PodSet, g *oGPU) int64 {
 	if ps.MemoryMiB > 0 {
 		return ps.MemoryMiB
 	}
-	return max(1, g.phys*int64(ps.MemoryPercent)/100)
+	return max(1, g.alloc*int64(ps.MemoryPercent)/100)
 }
 
 func oCanHost(ps PodSet, g *oGPU) bool {
@@ -255,7 +255,7 @@ func checkPlan(nodes []Node, usage []Usage, g Gang, level string, res Result) er
 			} else {
 				need := ps.MemoryMiB
 				if need == 0 {
-					need = max(1, s.phys*int64(ps.MemoryPercent)/100)
+					need = max(1, s.alloc*int64(ps.MemoryPercent)/100)
 				}
 				if s.excl || u.MemoryMiB != need || u.Cores != ps.Cores {
 					return fmt.Errorf("pod %s: GPU %s usage %+v, want %d MiB", key, u.UUID, u, need)

@@ -31,7 +31,7 @@ func (s *scratch) constraint(j int) string {
 				whole++
 			}
 			if !r.excl && g.excl == 0 {
-				if g.free() >= r.need(g.phys) {
+				if g.free() >= r.need(g.alloc) {
 					memOK++
 				}
 				if g.freeCores() >= r.cores {

@@ -18,8 +18,7 @@ type GPU struct {
 	UUID  string
 	Model string
 	Index int
-	// PhysicalMiB is the memory NVML reports; MemoryPercent requests are a
-	// share of it (as in HAMi).
+	// PhysicalMiB is the memory NVML reports.
 	PhysicalMiB int64
 	// AllocatableMiB is what may be handed to pods (flavors.Buffer.Allocatable).
 	AllocatableMiB int64
@@ -53,8 +52,9 @@ type PodSet struct {
 	GPUsPerPod int
 	// MemoryMiB per GPU; 0 (with MemoryPercent 0) means an exclusive whole GPU.
 	MemoryMiB int64
-	// MemoryPercent is HAMi's gpumem-percentage: a share of each GPU's
-	// physical memory, an alternative to MemoryMiB.
+	// MemoryPercent is HAMi's gpumem-percentage, read as a share of each
+	// GPU's allocatable memory (as the webhook reads it), an alternative to
+	// MemoryMiB.
 	MemoryPercent int32
 	// Cores is the SM percent per GPU; 0 means 100 when exclusive, else none.
 	Cores        int32

@@ -23,6 +23,8 @@ import (
 	"github.com/gpupack/gpupack/admissioncheck"
 	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
 	"github.com/gpupack/gpupack/test/framework"
+	"github.com/gpupack/gpupack/webhooks"
+	"github.com/gpupack/gpupack/webhooks/placement"
 )
 
 // demoTB lets the test framework run outside `go test`.
@@ -80,6 +82,7 @@ func main() {
 
 	seedWithoutGpupack(t, env)
 	seedWithGpupack(t, env)
+	fractional(t, env)
 
 	fmt.Printf("\nDemo finished in %.0fs.\n", time.Since(start).Seconds())
 	if len(failures) > 0 {
@@ -228,4 +231,98 @@ func lastEvent(env *framework.Env, ns, name, reason string) string {
 		}
 	}
 	return msg
+}
+
+func fractional(t *demoTB, env *framework.Env) {
+	step("2. Fractional GPUs: PyTorchJobs annotated gpupack.io/gpu-memory share GPUs, each pod pinned and limited")
+	opts := env.WebhookServer()
+	env.StartManager(t, func(mgr ctrl.Manager) error {
+		if err := webhooks.Setup(mgr, webhooks.Config{}); err != nil {
+			return err
+		}
+		return placement.Setup(mgr)
+	}, opts)
+	mwc, vwc := webhooks.WebhookConfigurations(webhooks.DefaultServeOptions())
+	env.InstallWebhooks(t, opts, mwc, vwc)
+	ns := env.Namespace(t, "fractional")
+	env.MustCreate(t, framework.MakeLocalQueue("lq", ns, "gpu"))
+	jobs := []*kftraining.PyTorchJob{
+		framework.MakePyTorchJob("infer-20g", ns, "lq", 5, 1).Annotation(v1alpha1.AnnotationGPUMemory, "20Gi").Obj(),
+		framework.MakePyTorchJob("tune-30g", ns, "lq", 5, 1).Annotation(v1alpha1.AnnotationGPUMemory, "30Gi").Annotation(v1alpha1.AnnotationGPUCores, "50").Obj(),
+	}
+	for _, j := range jobs {
+		env.MustCreate(t, j)
+	}
+	say("submitted infer-20g (6 pods x 20 GiB) and tune-30g (6 pods x 30 GiB, 50%% SM) onto 8 x 80 GiB GPUs")
+	wl, _ := env.WorkloadOf(ns, "infer-20g", "PyTorchJob")
+	for wl == nil {
+		time.Sleep(100 * time.Millisecond)
+		wl, _ = env.WorkloadOf(ns, "infer-20g", "PyTorchJob")
+	}
+	q := wl.Spec.PodSets[0].Template.Spec.Containers[0].Resources.Requests[v1alpha1.ResourceGPUMemory]
+	say("Kueue counts infer-20g's pods as %s: %s MiB each (the webhook rewrote the annotation before Kueue built the Workload)", v1alpha1.ResourceGPUMemory, q.String())
+	expect(q.Value() == 20480, "Workload pod set requests gpupack.io/gpu-memory: 20480")
+
+	var pods []corev1.Pod
+	env.Eventually(t, 120*time.Second, "12 fractional pods pinned and running", func() (bool, string) {
+		var list corev1.PodList
+		_ = env.Client.List(env.Ctx, &list, client.InNamespace(ns))
+		pods = nil
+		for _, p := range list.Items {
+			if p.Spec.NodeName != "" && p.Annotations[v1alpha1.AnnotationDevices] != "" && p.DeletionTimestamp == nil {
+				pods = append(pods, p)
+			}
+		}
+		return len(pods) == 12, fmt.Sprintf("%d of 12 pinned and bound", len(pods))
+	})
+	perGPU := map[string][]string{}
+	usedMiB := map[string]int64{}
+	envOK := true
+	for _, p := range pods {
+		ds, err := v1alpha1.ParseDevices(p.Annotations[v1alpha1.AnnotationDevices])
+		if err != nil {
+			envOK = false
+			continue
+		}
+		for _, d := range ds {
+			perGPU[d.UUID] = append(perGPU[d.UUID], p.Name)
+			usedMiB[d.UUID] += d.MemoryMiB
+		}
+		vars := map[string]string{}
+		for _, e := range p.Spec.Containers[0].Env {
+			vars[e.Name] = e.Value
+		}
+		want := map[string]string{"infer-20g": "20480m", "tune-30g": "30720m"}[p.Labels["training.kubeflow.org/job-name"]]
+		if vars[v1alpha1.EnvMemoryLimit] != want {
+			envOK = false
+		}
+	}
+	p0 := pods[0]
+	vars := []string{}
+	for _, e := range p0.Spec.Containers[0].Env {
+		if strings.HasPrefix(e.Name, "CUDA_") {
+			vars = append(vars, e.Name+"="+e.Value)
+		}
+	}
+	mounts := []string{}
+	for _, m := range p0.Spec.Containers[0].VolumeMounts {
+		mounts = append(mounts, m.MountPath)
+	}
+	say("pod %s on %s, GPUs %s", p0.Name, p0.Spec.NodeName, p0.Annotations[v1alpha1.AnnotationDevices])
+	say("  injected env: %s", strings.Join(vars, " "))
+	say("  injected mounts: %s", strings.Join(mounts, " "))
+	shared, over := 0, 0
+	for uuid, ps := range perGPU {
+		if len(ps) > 1 {
+			shared++
+		}
+		if usedMiB[uuid] > 71903 {
+			over++
+		}
+	}
+	say("%d GPUs in use, %d of them shared by 2+ pods", len(perGPU), shared)
+	expect(shared > 0, "pods share GPUs")
+	expect(over == 0, "no GPU is planned past its allocatable 71903 MiB (81559 - 1500 - 10%%)")
+	expect(envOK, "every pod carries its own CUDA_DEVICE_MEMORY_LIMIT")
+	deleteAll(env, ns, jobs)
 }
