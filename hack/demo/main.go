@@ -5,23 +5,29 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"strings"
 	"time"
 
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	kftraining "github.com/kubeflow/training-operator/pkg/apis/kubeflow.org/v1"
 	kueue "sigs.k8s.io/kueue/apis/kueue/v1beta2"
 
 	"github.com/gpupack/gpupack/admissioncheck"
 	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
+	"github.com/gpupack/gpupack/preemption"
+	"github.com/gpupack/gpupack/preemption/ladder"
 	"github.com/gpupack/gpupack/test/framework"
 	"github.com/gpupack/gpupack/webhooks"
 	"github.com/gpupack/gpupack/webhooks/placement"
@@ -74,6 +80,8 @@ func main() {
 
 	step("Starting an embedded control plane: kube-apiserver, etcd, Kueue, kube-scheduler, kwok, training-operator")
 	env := framework.Start(t, framework.Options{Scheduler: true, TrainingOperator: true})
+	// Component logs are in files; keep the controllers' conflict retries off the screen.
+	ctrllog.SetLogger(logr.Discard())
 	say("up in %.1fs (logs in %s)", time.Since(start).Seconds(), env.Dir)
 	for _, n := range []string{"gpu-node-a", "gpu-node-b"} {
 		env.CreateNode(t, framework.MakeNode(n).GPUs(4, framework.H100).Obj())
@@ -83,6 +91,7 @@ func main() {
 	seedWithoutGpupack(t, env)
 	seedWithGpupack(t, env)
 	fractional(t, env)
+	preemptWithCheckpoint(t, env)
 
 	fmt.Printf("\nDemo finished in %.0fs.\n", time.Since(start).Seconds())
 	if len(failures) > 0 {
@@ -325,4 +334,156 @@ func fractional(t *demoTB, env *framework.Env) {
 	expect(over == 0, "no GPU is planned past its allocatable 71903 MiB (81559 - 1500 - 10%%)")
 	expect(envOK, "every pod carries its own CUDA_DEVICE_MEMORY_LIMIT")
 	deleteAll(env, ns, jobs)
+}
+
+// containerAlive stands for a running container: kwok runs none and removes
+// a terminating pod at once, so the demo's in-pod stand-in keeps the pod
+// until its "trainer" has saved, as gpupack-ckpt would.
+const containerAlive = "demo.gpupack.io/container-running"
+
+// inPod plays gpupack-ckpt for the pods of one job (kwok runs no process):
+// it answers a checkpoint request with a verified step after a moment, and
+// lets a terminating pod go once it has reported.
+func inPod(env *framework.Env, ns, job string, step int, stop <-chan struct{}) {
+	asked := map[string]time.Time{}
+	for {
+		select {
+		case <-stop:
+			return
+		case <-time.After(100 * time.Millisecond):
+		}
+		var pods corev1.PodList
+		if env.Client.List(env.Ctx, &pods, client.InNamespace(ns), client.MatchingLabels{"training.kubeflow.org/job-name": job}) != nil {
+			continue
+		}
+		for i := range pods.Items {
+			p := &pods.Items[i]
+			var patch map[string]any
+			hasFin := false
+			for _, f := range p.Finalizers {
+				hasFin = hasFin || f == containerAlive
+			}
+			switch {
+			case p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning && !hasFin:
+				patch = map[string]any{"metadata": map[string]any{"finalizers": append(p.Finalizers, containerAlive)}}
+			case p.Annotations[v1alpha1.AnnotationCheckpointRequest] != "" && p.Annotations[v1alpha1.AnnotationCheckpointStep] == "":
+				if asked[p.Name].IsZero() {
+					asked[p.Name] = time.Now()
+				}
+				if time.Since(asked[p.Name]) < 1500*time.Millisecond { // the trainer saves
+					continue
+				}
+				patch = map[string]any{"metadata": map[string]any{"annotations": map[string]string{v1alpha1.AnnotationCheckpointStep: fmt.Sprint(step)}}}
+			case p.DeletionTimestamp != nil && hasFin && p.Annotations[v1alpha1.AnnotationCheckpointStep] != "":
+				var keep []string
+				for _, f := range p.Finalizers {
+					if f != containerAlive {
+						keep = append(keep, f)
+					}
+				}
+				patch = map[string]any{"metadata": map[string]any{"finalizers": keep}}
+			default:
+				continue
+			}
+			raw, _ := json.Marshal(patch)
+			_ = env.Client.Patch(env.Ctx, p, client.RawPatch(types.MergePatchType, raw))
+		}
+	}
+}
+
+func preemptWithCheckpoint(t *demoTB, env *framework.Env) {
+	step("3. Preemption as a protocol: checkpoint, then SIGTERM, then (only if needed) SIGKILL")
+	env.StartManager(t, func(mgr ctrl.Manager) error {
+		return preemption.SetupWithManager(mgr, preemption.Options{Slack: 5 * time.Second})
+	})
+	env.MustCreate(t, &kueue.WorkloadPriorityClass{ObjectMeta: metav1.ObjectMeta{Name: "low"}, Value: 10})
+	env.MustCreate(t, &kueue.WorkloadPriorityClass{ObjectMeta: metav1.ObjectMeta{Name: "high"}, Value: 1000})
+	env.MustCreate(t, framework.MakeClusterQueue("prod").GPUFlavor("gpu", 8, framework.H100).AdmissionChecks("gang-fit").
+		Preemption(kueue.ClusterQueuePreemption{WithinClusterQueue: kueue.PreemptionPolicyLowerPriority}).Obj())
+	ns := env.Namespace(t, "preemption")
+	env.MustCreate(t, framework.MakeLocalQueue("lq", ns, "prod"))
+	stop := make(chan struct{})
+	defer close(stop)
+	go inPod(env, ns, "pretrain", 4200, stop)
+
+	low := framework.MakePyTorchJob("pretrain", ns, "lq", 3, 2).PriorityClass("low").
+		Annotation(v1alpha1.AnnotationCheckpoint, "true").Annotation(v1alpha1.AnnotationCheckpointTimeout, "60s").Obj()
+	for _, rs := range low.Spec.PyTorchReplicaSpecs {
+		rs.Template.Spec.Containers[0].Command = []string{"python", "train.py"}
+	}
+	env.MustCreate(t, low)
+	env.Eventually(t, 90*time.Second, "pretrain running on all 8 GPUs", func() (bool, string) {
+		c := count(env, ns, "pretrain")
+		return c.running == 4, fmt.Sprint(c)
+	})
+	var sample corev1.Pod
+	var pods corev1.PodList
+	_ = env.Client.List(env.Ctx, &pods, client.InNamespace(ns))
+	if len(pods.Items) > 0 {
+		sample = pods.Items[0]
+		say("low-priority pretrain runs 4 pods x 2 GPUs, opted in: %s runs %v (grace %ds)", sample.Name,
+			sample.Spec.Containers[0].Command, ptr.Deref(sample.Spec.TerminationGracePeriodSeconds, 30))
+	}
+
+	// Watch the invariant: no pod of the preemptor bound while a victim pod exists.
+	violation := make(chan string, 1)
+	go func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+			var v, p corev1.PodList
+			if env.Client.List(env.Ctx, &v, client.InNamespace(ns), client.MatchingLabels{"training.kubeflow.org/job-name": "pretrain"}) != nil ||
+				env.Client.List(env.Ctx, &p, client.InNamespace(ns), client.MatchingLabels{"training.kubeflow.org/job-name": "urgent"}) != nil {
+				continue
+			}
+			for _, u := range p.Items {
+				if u.Spec.NodeName != "" && len(v.Items) > 0 {
+					select {
+					case violation <- fmt.Sprintf("%s bound while %d pretrain pods exist", u.Name, len(v.Items)):
+					default:
+					}
+					return
+				}
+			}
+		}
+	}()
+	say("a high-priority job needing the same 8 GPUs arrives; Kueue preempts pretrain")
+	env.MustCreate(t, framework.MakePyTorchJob("urgent", ns, "lq", 3, 2).PriorityClass("high").Obj())
+	var st ladder.State
+	env.Eventually(t, 120*time.Second, "pretrain's preemption Done", func() (bool, string) {
+		wl, _ := env.WorkloadOf(ns, "pretrain", "PyTorchJob")
+		if wl == nil {
+			return false, "no workload"
+		}
+		st, _ = preemption.PreemptionState(wl)
+		return st.Phase == ladder.PhaseDone, string(st.Phase)
+	})
+	var phases []string
+	for i, tr := range st.Transitions {
+		d := ""
+		if i > 0 {
+			d = fmt.Sprintf(" (+%.1fs)", tr.At.Sub(st.Transitions[0].At).Seconds())
+		}
+		phases = append(phases, string(tr.Phase)+d)
+	}
+	say("phases recorded on the Workload: %s", strings.Join(phases, " -> "))
+	expect(len(st.Transitions) >= 3 && st.Transitions[0].Phase == ladder.PhaseCheckpointing && st.Phase == ladder.PhaseDone, "phases went Checkpointing -> ... -> Done in order")
+	var job kftraining.PyTorchJob
+	_ = env.Client.Get(env.Ctx, client.ObjectKeyFromObject(low), &job)
+	lcc := job.Annotations[v1alpha1.AnnotationLastConsistentCheckpoint]
+	say("pretrain's %s = %s (the step every rank saved; a restart resumes from it)", v1alpha1.AnnotationLastConsistentCheckpoint, lcc)
+	expect(lcc == "4200", "the last consistent checkpoint is recorded on the job")
+	env.Eventually(t, 90*time.Second, "urgent running", func() (bool, string) {
+		c := count(env, ns, "urgent")
+		return c.running == 4, fmt.Sprint(c)
+	})
+	viol := ""
+	select {
+	case viol = <-violation:
+	default:
+	}
+	expect(viol == "", "urgent got GPUs only after pretrain's pods were gone %s", viol)
 }
