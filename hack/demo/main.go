@@ -11,7 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -19,7 +18,6 @@ import (
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	kftraining "github.com/kubeflow/training-operator/pkg/apis/kubeflow.org/v1"
 	kueue "sigs.k8s.io/kueue/apis/kueue/v1beta2"
@@ -79,9 +77,9 @@ func main() {
 	defer t.finish()
 
 	step("Starting an embedded control plane: kube-apiserver, etcd, Kueue, kube-scheduler, kwok, training-operator")
-	env := framework.Start(t, framework.Options{Scheduler: true, TrainingOperator: true})
 	// Component logs are in files; keep the controllers' conflict retries off the screen.
-	ctrllog.SetLogger(logr.Discard())
+	os.Setenv("GPUPACK_QUIET", "1")
+	env := framework.Start(t, framework.Options{Scheduler: true, TrainingOperator: true})
 	say("up in %.1fs (logs in %s)", time.Since(start).Seconds(), env.Dir)
 	for _, n := range []string{"gpu-node-a", "gpu-node-b"} {
 		env.CreateNode(t, framework.MakeNode(n).GPUs(4, framework.H100).Obj())

@@ -237,6 +237,9 @@ func zapLevel() zapcore.Level {
 	if os.Getenv("GPUPACK_TEST_VERBOSE") != "" {
 		return -2
 	}
+	if os.Getenv("GPUPACK_QUIET") != "" {
+		return 4 // panics only (the demo's screen)
+	}
 	return 2 // errors only: component logs go to files
 }
 
