@@ -20,6 +20,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	kueue "sigs.k8s.io/kueue/apis/kueue/v1beta2"
 
@@ -151,6 +152,7 @@ func (h *harness) annotatePod(name, k, v string) {
 
 func TestReconcileWalksTheLadder(t *testing.T) {
 	h := newHarness(t, job(), workload(preempted()), rankPod("w0"), rankPod("w1"))
+	savedBefore, goneBefore := gathered(t)
 
 	// Eviction seen: both ranks asked, deadline from the job's 2m.
 	res := h.reconcile()
@@ -218,6 +220,14 @@ func TestReconcileWalksTheLadder(t *testing.T) {
 		t.Errorf("events (-want +got):\n%s", diff)
 	}
 
+	savedAfter, goneAfter := gathered(t)
+	if got := savedAfter - savedBefore; got != 2 {
+		t.Errorf("saved outcomes counted %v, want 2", got)
+	}
+	if got := goneAfter - goneBefore; got != 1 {
+		t.Errorf("eviction-to-gone observations %d, want 1", got)
+	}
+
 	// Re-admitted: the record goes.
 	var wl kueue.Workload
 	h.c.Get(context.Background(), types.NamespacedName{Namespace: "ns", Name: "pytorchjob-train"}, &wl)
@@ -230,6 +240,31 @@ func TestReconcileWalksTheLadder(t *testing.T) {
 	if _, ok := wl.Annotations[v1alpha1.AnnotationPreemptionPhase]; ok {
 		t.Errorf("preemption record kept after re-admission")
 	}
+}
+
+// gathered reads, from the manager's registry, the Saved outcome counter
+// and the eviction-to-gone histogram's sample count.
+func gathered(t *testing.T) (saved float64, gone uint64) {
+	t.Helper()
+	mfs, err := ctrlmetrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			switch mf.GetName() {
+			case "gpupack_preemption_checkpoint_outcomes_total":
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "outcome" && l.GetValue() == ladder.OutcomeSaved {
+						saved = m.GetCounter().GetValue()
+					}
+				}
+			case "gpupack_preemption_eviction_to_gone_seconds":
+				gone = m.GetHistogram().GetSampleCount()
+			}
+		}
+	}
+	return saved, gone
 }
 
 func TestReconcileEscalatesToForceDelete(t *testing.T) {
