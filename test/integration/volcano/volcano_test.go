@@ -335,7 +335,32 @@ func (b *bridge) podGroups(t *testing.T, ns string) []volcanoscheduling.PodGroup
 func (b *bridge) admittedWithPodGroup(t *testing.T, ns, job string) (*kueue.Workload, *volcanoscheduling.PodGroup) {
 	t.Helper()
 	env := b.env
-	wl := env.WaitForWorkloadOf(t, ns, job, "PyTorchJob", admitted)
+	wl := env.WaitForWorkloadOf(t, ns, job, "PyTorchJob", func(w *kueue.Workload) bool {
+		if !admitted(w) {
+			return false
+		}
+		for _, c := range w.Status.AdmissionChecks {
+			if c.State != kueue.CheckStateReady {
+				return false // re-evaluation under way after a Retry
+			}
+		}
+		return true
+	})
+	// The check's podSetUpdates put every pod set's pods into the group and
+	// name their task, which Volcano keys minTaskMember by.
+	for _, ps := range wl.Spec.PodSets {
+		var upd *kueue.PodSetUpdate
+		for i := range wl.Status.AdmissionChecks {
+			for j := range wl.Status.AdmissionChecks[i].PodSetUpdates {
+				if u := &wl.Status.AdmissionChecks[i].PodSetUpdates[j]; u.Name == ps.Name {
+					upd = u
+				}
+			}
+		}
+		if upd == nil || upd.Annotations[volcano.AnnotationGroupName] != volcano.GroupName(wl) || upd.Annotations[volcano.AnnotationTaskSpec] != string(ps.Name) {
+			t.Errorf("pod set %s: podSetUpdate %+v lacks the Volcano group %q / task annotations", ps.Name, upd, volcano.GroupName(wl))
+		}
+	}
 	var pg volcanoscheduling.PodGroup
 	env.Eventually(t, 30*time.Second, "the PodGroup of "+wl.Name, func() (bool, string) {
 		pgs := b.podGroups(t, ns)
