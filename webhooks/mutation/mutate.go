@@ -337,7 +337,10 @@ func addGate(s *corev1.PodSpec, name string) {
 func owned(name string) bool {
 	switch name {
 	case v1alpha1.EnvLDPreload, v1alpha1.EnvMemoryLimit, v1alpha1.EnvSMLimit, v1alpha1.EnvSharedCache,
-		v1alpha1.EnvDisableControl, v1alpha1.EnvVisibleDevices, EnvPodUID:
+		v1alpha1.EnvDisableControl, v1alpha1.EnvVisibleDevices, EnvPodUID,
+		// devicehook's own knobs: a tenant lowering the context reserve or
+		// stretching the SM period would loosen its own limits.
+		v1alpha1.EnvContextReserve, v1alpha1.EnvSMPeriod:
 		return true
 	}
 	return strings.HasPrefix(name, v1alpha1.EnvMemoryLimit+"_") || strings.HasPrefix(name, v1alpha1.EnvSMLimit+"_")

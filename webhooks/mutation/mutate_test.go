@@ -326,3 +326,16 @@ func TestJobDefaultSkipsCPUReplicas(t *testing.T) {
 		t.Errorf("job-level memory without any GPU: %v", err)
 	}
 }
+
+func TestOwnedEnvIncludesDevicehookKnobs(t *testing.T) {
+	for _, k := range []string{v1alpha1.EnvContextReserve, v1alpha1.EnvSMPeriod, v1alpha1.EnvLDPreload, "CUDA_DEVICE_MEMORY_LIMIT_3", "CUDA_DEVICE_SM_LIMIT_0"} {
+		if !owned(k) {
+			t.Errorf("%s is not owned by the webhook", k)
+		}
+	}
+	for _, k := range []string{"PATH", "NCCL_DEBUG", "CUDA_VISIBLE_DEVICES_X"} {
+		if owned(k) {
+			t.Errorf("%s should be left to the tenant", k)
+		}
+	}
+}
