@@ -12,9 +12,10 @@ TEST_TIMEOUT ?= 60m
 
 all: build
 
+# gpupack-ckpt is copied into arbitrary images: built static, without libc.
 build: devicehook
-	$(GO) build -ldflags "$(LDFLAGS)" -o bin/ ./cmd/...
-	CGO_ENABLED=0 $(GO) build -ldflags "$(LDFLAGS)" -o bin/gpupack-ckpt ./cmd/gpupack-ckpt 2>/dev/null || true
+	$(GO) build -ldflags "$(LDFLAGS)" -o bin/ ./cmd/gpupack ./cmd/gpupack-manager ./cmd/gpupack-node
+	CGO_ENABLED=0 $(GO) build -ldflags "$(LDFLAGS)" -o bin/gpupack-ckpt ./cmd/gpupack-ckpt
 
 # Real control-plane binaries (etcd, kube-apiserver, kube-scheduler,
 # kube-controller-manager, Kueue, kwok, training-operator) built from the Go
