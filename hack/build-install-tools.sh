@@ -17,20 +17,9 @@ HELM_VERSION=v3.22.0
 CERT_MANAGER_VERSION=v1.20.0
 PROMETHEUS_OPERATOR_VERSION=v0.85.0
 
-# build NAME VERSION MODULE_DIR PACKAGE [LDFLAGS]
-build() {
-	local name=$1 version=$2 dir=$3 pkg=$4 ldflags=${5:-}
-	local stamp="$OUT/.$name.version"
-	if [[ -x "$OUT/$name" && -f "$stamp" && "$(cat "$stamp")" == "$version" ]]; then
-		return 0
-	fi
-	echo "hack/build-install-tools: building $name $version" >&2
-	local start=$SECONDS
-	(cd "$ROOT/hack/tools/$dir" && go build -trimpath -ldflags "-s -w $ldflags" -o "$OUT/$name.tmp.$$" "$pkg")
-	mv -f "$OUT/$name.tmp.$$" "$OUT/$name"
-	echo "$version" >"$stamp"
-	echo "hack/build-install-tools: built $name in $((SECONDS - start))s" >&2
-}
+# shellcheck source=lib/build-tool.sh
+source "$ROOT/hack/lib/build-tool.sh"
+build() { build_tool hack/build-install-tools "$@"; }
 
 # crds NAME MODULE VERSION SUBDIR FILE... — copy CRD files out of a module.
 crds() {

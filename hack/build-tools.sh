@@ -19,20 +19,9 @@ KUEUE_VERSION=v0.17.0
 KWOK_VERSION=v0.8.0
 TRAINING_OPERATOR_VERSION=v1.9.3
 
-# build NAME VERSION MODULE_DIR PACKAGE [LDFLAGS]
-build() {
-	local name=$1 version=$2 dir=$3 pkg=$4 ldflags=${5:-}
-	local stamp="$OUT/.$name.version"
-	if [[ -x "$OUT/$name" && -f "$stamp" && "$(cat "$stamp")" == "$version" ]]; then
-		return 0
-	fi
-	echo "hack/build-tools: building $name $version" >&2
-	local start=$SECONDS
-	(cd "$ROOT/hack/tools/$dir" && go build -trimpath -ldflags "-s -w $ldflags" -o "$OUT/$name.tmp.$$" "$pkg")
-	mv -f "$OUT/$name.tmp.$$" "$OUT/$name"
-	echo "$version" >"$stamp"
-	echo "hack/build-tools: built $name in $((SECONDS - start))s" >&2
-}
+# shellcheck source=lib/build-tool.sh
+source "$ROOT/hack/lib/build-tool.sh"
+build() { build_tool hack/build-tools "$@"; }
 
 kv="-X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=37"
 only=${1:-all}
