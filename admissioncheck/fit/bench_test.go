@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/gpupack/gpupack/flavors"
 )
 
@@ -74,17 +76,45 @@ func benchFit(b *testing.B, m *Model, g Gang, o Options) {
 	b.ReportMetric(fits, "fits")
 }
 
-func BenchmarkFit(b *testing.B) {
-	gangs := []struct {
-		name string
-		g    Gang
-	}{
+type benchGang struct {
+	name string
+	g    Gang
+}
+
+func benchGangs() []benchGang {
+	return []benchGang{
 		{"64x1-whole", gang(whole("worker", 64, 1))},
 		{"64x1-20GiB", gang(shared("worker", 64, 1, 20480))},
 		{"16x8-whole", gang(whole("worker", 16, 8))},
 		{"16x8-20GiB", gang(shared("worker", 16, 8, 20480))},
 		{"mixed-1x8whole+16x8-20GiB", gang(whole("master", 1, 8), shared("worker", 16, 8, 20480))},
 	}
+}
+
+func BenchmarkFit(b *testing.B) { benchFitSizes(b, benchGangs()) }
+
+// BenchmarkFitAffinity is BenchmarkFit with a required node affinity on
+// every pod set that every node is checked against (a rack NotIn and a
+// hostname NotIn of ten nodes): the cost of evaluating it.
+func BenchmarkFitAffinity(b *testing.B) {
+	hosts := make([]string, 10)
+	for i := range hosts {
+		hosts[i] = fmt.Sprintf("node-%05d", 7*i)
+	}
+	aff := &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{
+		{Key: "rack", Operator: corev1.NodeSelectorOpNotIn, Values: []string{"rack-999"}},
+		{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpNotIn, Values: hosts},
+	}}}}
+	gangs := benchGangs()
+	for _, bg := range gangs {
+		for i := range bg.g.PodSets {
+			bg.g.PodSets[i].NodeAffinity = aff
+		}
+	}
+	benchFitSizes(b, gangs)
+}
+
+func benchFitSizes(b *testing.B, gangs []benchGang) {
 	for _, size := range []struct {
 		name  string
 		nodes int

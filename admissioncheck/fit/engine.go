@@ -34,6 +34,7 @@ type req struct {
 	cores  int32 // SM percent per GPU; 100 when exclusive
 	excl   bool
 	sel    map[string]string
+	aff    *affinity // nil: no required node affinity
 	tol    []corev1.Toleration
 	label  string
 	bitIdx uint
@@ -120,6 +121,12 @@ func validate(g Gang) error {
 		case ps.Cores < 0 || ps.Cores > 100:
 			return fmt.Errorf("pod set %q: cores %d%% not in 0–100", ps.Name, ps.Cores)
 		}
+		// A pod set of no pods needs no node, whatever its affinity.
+		if ps.Count > 0 {
+			if err := affinityErr(ps.NodeAffinity); err != nil {
+				return fmt.Errorf("pod set %q: no term of its required node affinity can be parsed, so it matches no node: %v", ps.Name, err)
+			}
+		}
 		seen[ps.Name] = true
 	}
 	return nil
@@ -139,7 +146,7 @@ func compile(g Gang) []*req {
 		merged := false
 		for _, o := range reqs {
 			if o.g == r.g && o.mem == r.mem && o.pct == r.pct && o.cores == r.cores && o.excl == r.excl &&
-				equalSel(o.sel, r.sel) && reflect.DeepEqual(o.tol, r.tol) {
+				equalSel(o.sel, r.sel) && reflect.DeepEqual(o.aff.source(), ps.NodeAffinity) && reflect.DeepEqual(o.tol, r.tol) {
 				o.segs = append(o.segs, seg{ps.Name, i, ps.Count})
 				o.count += ps.Count
 				merged = true
@@ -147,6 +154,18 @@ func compile(g Gang) []*req {
 			}
 		}
 		if !merged {
+			// Compiled once per decision, and shared by requests with the same
+			// affinity (a job's master and workers usually have one), so each
+			// node is matched once.
+			for _, o := range reqs {
+				if ps.NodeAffinity != nil && o.aff != nil && reflect.DeepEqual(o.aff.src, ps.NodeAffinity) {
+					r.aff = o.aff
+					break
+				}
+			}
+			if r.aff == nil {
+				r.aff = newAffinity(ps.NodeAffinity)
+			}
 			r.segs = []seg{{ps.Name, i, ps.Count}}
 			reqs = append(reqs, r)
 		}
@@ -427,6 +446,7 @@ type scratch struct {
 	// per-domain exclusion counts for messages
 	unusable int
 	selMiss  []int
+	affMiss  []int
 	tainted  []int
 }
 
@@ -497,7 +517,9 @@ func (m *Model) order(narrow []string) *staticOrder {
 }
 
 func (m *Model) newScratch(d *domainAgg, reqs []*req, o Options) *scratch {
-	s := &scratch{m: m, reqs: reqs, name: d.name, selMiss: make([]int, len(reqs)), tainted: make([]int, len(reqs))}
+	k := len(reqs)
+	miss := make([]int, 3*k) // one allocation for the three counts
+	s := &scratch{m: m, reqs: reqs, name: d.name, selMiss: miss[:k:k], affMiss: miss[k : 2*k : 2*k], tainted: miss[2*k:]}
 	so := m.order(o.narrower())
 	worst := o.Policy == v1alpha1.PolicyWorstFit
 	if len(m.eligBuf) != len(m.nodes) {
@@ -521,6 +543,8 @@ func (m *Model) newScratch(d *domainAgg, reqs []*req, o Options) *scratch {
 			switch {
 			case !selects(r.sel, n.n.Labels):
 				s.selMiss[i]++
+			case r.aff != nil && !r.aff.matches(m, ni):
+				s.affMiss[i]++
 			case !tolerated(n.n.Taints, r.tol):
 				s.tainted[i]++
 			default:

@@ -3,6 +3,8 @@ package fit
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
+	"strconv"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -52,6 +54,69 @@ func oTolerates(taints []corev1.Taint, tol []corev1.Toleration) bool {
 	return true
 }
 
+// oAffinity reads a required node affinity plainly: a node matches when
+// every requirement of some term holds. A term with no requirements, or one
+// that cannot be read, holds nowhere.
+func oAffinity(ns *corev1.NodeSelector, name string, labels map[string]string) bool {
+	if ns == nil {
+		return true
+	}
+	for _, t := range ns.NodeSelectorTerms {
+		if len(t.MatchExpressions) == 0 && len(t.MatchFields) == 0 {
+			continue
+		}
+		holds, valid := true, true
+		for _, r := range t.MatchExpressions {
+			v, has := labels[r.Key]
+			switch r.Operator {
+			case corev1.NodeSelectorOpIn:
+				holds = holds && has && slices.Contains(r.Values, v)
+			case corev1.NodeSelectorOpNotIn:
+				holds = holds && !(has && slices.Contains(r.Values, v))
+			case corev1.NodeSelectorOpExists:
+				holds = holds && has
+			case corev1.NodeSelectorOpDoesNotExist:
+				holds = holds && !has
+			case corev1.NodeSelectorOpGt, corev1.NodeSelectorOpLt:
+				if len(r.Values) != 1 {
+					valid = false
+					break
+				}
+				want, err := strconv.ParseInt(r.Values[0], 10, 64)
+				if err != nil {
+					valid = false
+					break
+				}
+				got, err := strconv.ParseInt(v, 10, 64)
+				gt := r.Operator == corev1.NodeSelectorOpGt
+				holds = holds && has && err == nil && (gt && got > want || !gt && got < want)
+			default:
+				valid = false
+			}
+		}
+		for _, r := range t.MatchFields {
+			v := ""
+			if r.Key == "metadata.name" {
+				v = name
+			}
+			switch {
+			case len(r.Values) != 1:
+				valid = false
+			case r.Operator == corev1.NodeSelectorOpIn:
+				holds = holds && v == r.Values[0]
+			case r.Operator == corev1.NodeSelectorOpNotIn:
+				holds = holds && v != r.Values[0]
+			default:
+				valid = false
+			}
+		}
+		if valid && holds {
+			return true
+		}
+	}
+	return false
+}
+
 type oPod struct{ ps PodSet }
 
 func oNeed(ps PodSet, g *oGPU) int64 {
@@ -86,7 +151,7 @@ func oSolve(nodes []*oNode, pods []oPod) bool {
 				match = false
 			}
 		}
-		if !match || !oTolerates(n.taints, ps.Tolerations) {
+		if !match || !oAffinity(ps.NodeAffinity, n.name, n.labels) || !oTolerates(n.taints, ps.Tolerations) {
 			continue
 		}
 		// every subset of size g
@@ -234,6 +299,9 @@ func checkPlan(nodes []Node, usage []Usage, g Gang, level string, res Result) er
 				return fmt.Errorf("pod %s on node %s breaks nodeSelector", key, a.Node)
 			}
 		}
+		if !oAffinity(ps.NodeAffinity, n.Name, n.Labels) {
+			return fmt.Errorf("pod %s on node %s breaks its required node affinity", key, a.Node)
+		}
 		if !oTolerates(n.Taints, ps.Tolerations) {
 			return fmt.Errorf("pod %s on tainted node %s", key, a.Node)
 		}
@@ -289,6 +357,9 @@ func randomCase(rng *rand.Rand) ([]Node, []Usage, Gang, string) {
 		if rng.IntN(3) == 0 {
 			n.Labels["pool"] = "x"
 		}
+		if rng.IntN(4) > 0 {
+			n.Labels["gen"] = fmt.Sprint(1 + rng.IntN(3))
+		}
 		if rng.IntN(5) == 0 {
 			n.Taints = []corev1.Taint{{Key: "dedicated", Effect: []corev1.TaintEffect{corev1.TaintEffectNoSchedule, corev1.TaintEffectPreferNoSchedule, corev1.TaintEffectNoExecute}[rng.IntN(3)]}}
 		}
@@ -334,6 +405,9 @@ func randomCase(rng *rand.Rand) ([]Node, []Usage, Gang, string) {
 		if rng.IntN(3) == 0 {
 			ps.Tolerations = []corev1.Toleration{{Key: "dedicated", Operator: corev1.TolerationOpExists}}
 		}
+		if rng.IntN(4) == 0 {
+			ps.NodeAffinity = randomAffinity(rng)
+		}
 		// Sometimes a twin pod set, to exercise merging.
 		gang.PodSets = append(gang.PodSets, ps)
 		if rng.IntN(4) == 0 && total < 5 {
@@ -349,6 +423,39 @@ func randomCase(rng *rand.Rand) ([]Node, []Usage, Gang, string) {
 		level = "rack"
 	}
 	return nodes, usage, gang, level
+}
+
+// randomAffinity: one or two terms of one or two requirements over the
+// labels and names randomCase gives nodes, now and then one that cannot be
+// parsed (it matches nothing, and alone makes the request invalid).
+func randomAffinity(rng *rand.Rand) *corev1.NodeSelector {
+	reqs := []corev1.NodeSelectorRequirement{
+		{Key: "rack", Operator: corev1.NodeSelectorOpIn, Values: []string{"a"}},
+		{Key: "rack", Operator: corev1.NodeSelectorOpNotIn, Values: []string{"b"}},
+		{Key: "pool", Operator: corev1.NodeSelectorOpExists},
+		{Key: "pool", Operator: corev1.NodeSelectorOpDoesNotExist},
+		{Key: "gen", Operator: corev1.NodeSelectorOpGt, Values: []string{"1"}},
+		{Key: "gen", Operator: corev1.NodeSelectorOpLt, Values: []string{"3"}},
+		{Key: "gen", Operator: corev1.NodeSelectorOpIn, Values: []string{"1", "3"}},
+		{Key: "gen", Operator: corev1.NodeSelectorOpGt, Values: []string{"two"}},
+	}
+	fields := []corev1.NodeSelectorRequirement{
+		{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{"n0"}},
+		{Key: "metadata.name", Operator: corev1.NodeSelectorOpNotIn, Values: []string{"n1"}},
+	}
+	ns := &corev1.NodeSelector{}
+	for range 1 + rng.IntN(2) {
+		var t corev1.NodeSelectorTerm
+		for range 1 + rng.IntN(2) {
+			if rng.IntN(5) == 0 {
+				t.MatchFields = append(t.MatchFields, fields[rng.IntN(len(fields))])
+			} else {
+				t.MatchExpressions = append(t.MatchExpressions, reqs[rng.IntN(len(reqs))])
+			}
+		}
+		ns.NodeSelectorTerms = append(ns.NodeSelectorTerms, t)
+	}
+	return ns
 }
 
 func TestFitAgreesWithOracle(t *testing.T) {

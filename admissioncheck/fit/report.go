@@ -59,6 +59,13 @@ func (s *scratch) constraint(j int) string {
 		if s.selMiss[j] > 0 {
 			why = append(why, fmt.Sprintf("%s not match its nodeSelector %v", plural(s.selMiss[j], "node does", "nodes do"), r.sel))
 		}
+		if s.affMiss[j] > 0 {
+			w := fmt.Sprintf("%s not match its required node affinity %v", plural(s.affMiss[j], "node does", "nodes do"), r.aff)
+			if r.aff.bad != nil {
+				w += fmt.Sprintf(" (terms that cannot be parsed match no node: %v)", r.aff.bad)
+			}
+			why = append(why, w)
+		}
 		if s.tainted[j] > 0 {
 			why = append(why, plural(s.tainted[j], "node has", "nodes have")+" taints it does not tolerate")
 		}

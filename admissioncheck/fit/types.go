@@ -59,6 +59,10 @@ type PodSet struct {
 	// Cores is the SM percent per GPU; 0 means 100 when exclusive, else none.
 	Cores        int32
 	NodeSelector map[string]string
+	// NodeAffinity is the template's required node affinity
+	// (requiredDuringSchedulingIgnoredDuringExecution), read as the
+	// scheduler reads it; nil when there is none.
+	NodeAffinity *corev1.NodeSelector
 	Tolerations  []corev1.Toleration
 }
 

@@ -199,6 +199,46 @@ spec:
 	}
 }
 
+// The template's required node affinity steers the plan, and one that no
+// node matches is rejected with the count of nodes it excludes.
+func TestRequiredNodeAffinity(t *testing.T) {
+	job := func(expr string) string {
+		return write(t, "wl.yaml", `apiVersion: batch/v1
+kind: Job
+metadata: {name: pinned}
+spec:
+  parallelism: 2
+  template:
+    spec:
+      affinity:
+        nodeAffinity:
+          requiredDuringSchedulingIgnoredDuringExecution:
+            nodeSelectorTerms:
+            - matchExpressions:
+              - `+expr+`
+      containers:
+      - name: m
+        image: x
+        resources: {limits: {nvidia.com/gpu: 4}}
+`)
+	}
+	// Without the affinity BestFit would take a1 and a2, the fuller nodes.
+	o := runJSON(t, "--nodes", "testdata/nodes.yaml", "--workload", job("{key: kubernetes.io/hostname, operator: In, values: [b1]}"))
+	if !o.Fits {
+		t.Fatalf("reasons = %q", o.Reasons)
+	}
+	for _, a := range o.Assignments {
+		if a.Node != "b1" {
+			t.Errorf("pod %s-%d on %s, the affinity allows b1 only", a.PodSet, a.Index, a.Node)
+		}
+	}
+	o = runJSON(t, "--nodes", "testdata/nodes.yaml", "--workload", job("{key: gpu.example/product, operator: In, values: [B200]}"))
+	if o.Fits || !strings.HasPrefix(o.Reasons[0], "Rejected: it does not fit even on an empty cluster") ||
+		!strings.Contains(o.Reasons[0], "4 nodes do not match its required node affinity (gpu.example/product In [B200])") {
+		t.Fatalf("reasons = %q", o.Reasons)
+	}
+}
+
 func TestTextOutputAndBench(t *testing.T) {
 	rc, out, errs := run(t, "--nodes", "testdata/nodes.yaml", "--workload", "testdata/pytorchjob.yaml", "--bench", "5")
 	if rc != 0 {

@@ -43,7 +43,7 @@ func GangFromPodSets(podSets []kueue.PodSet) (fit.Gang, error) {
 // add up (sidecar init containers too; a plain init container runs alone,
 // so it only raises the peak).
 func TemplateRequest(t *corev1.PodTemplateSpec) (fit.PodSet, bool, error) {
-	out := fit.PodSet{NodeSelector: t.Spec.NodeSelector, Tolerations: t.Spec.Tolerations}
+	out := fit.PodSet{NodeSelector: t.Spec.NodeSelector, NodeAffinity: requiredNodeAffinity(t), Tolerations: t.Spec.Tolerations}
 	ann, err := gpureq.ParseAnnotations(t.Annotations)
 	if err != nil {
 		return out, false, err
@@ -98,4 +98,14 @@ func TemplateRequest(t *corev1.PodTemplateSpec) (fit.PodSet, bool, error) {
 		out.MemoryMiB, out.MemoryPercent, out.Cores = first.Spec.MemoryMiB, first.Spec.MemoryPercent, first.Spec.Cores
 	}
 	return out, true, nil
+}
+
+// requiredNodeAffinity is the template's required node affinity. Preferred
+// terms never keep a pod off a node, and pod (anti-)affinity depends on
+// other pods, so neither is read.
+func requiredNodeAffinity(t *corev1.PodTemplateSpec) *corev1.NodeSelector {
+	if a := t.Spec.Affinity; a != nil && a.NodeAffinity != nil {
+		return a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution
+	}
+	return nil
 }

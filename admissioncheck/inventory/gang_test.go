@@ -28,6 +28,22 @@ func TestGangFromPodSets(t *testing.T) {
 	sel := podSet("w", 2, nil, rl(v1alpha1.ResourceNvidiaGPU, 1))
 	sel.Template.Spec.NodeSelector = map[string]string{"pool": "a"}
 	sel.Template.Spec.Tolerations = []corev1.Toleration{{Key: "gpu", Operator: corev1.TolerationOpExists}}
+	required := &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{
+		{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "nvidia.com/gpu.product", Operator: corev1.NodeSelectorOpIn, Values: []string{"H100"}}}},
+		{MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: corev1.NodeSelectorOpNotIn, Values: []string{"bad-node"}}}},
+	}}
+	affine := podSet("a", 2, nil, rl(v1alpha1.ResourceNvidiaGPU, 1))
+	affine.Template.Spec.NodeSelector = map[string]string{"pool": "a"}
+	affine.Template.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
+		RequiredDuringSchedulingIgnoredDuringExecution: required,
+		PreferredDuringSchedulingIgnoredDuringExecution: []corev1.PreferredSchedulingTerm{{Weight: 1, Preference: corev1.NodeSelectorTerm{
+			MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "zone", Operator: corev1.NodeSelectorOpIn, Values: []string{"z1"}}}}}},
+	}}
+	preferredOnly := podSet("p", 1, nil, rl(v1alpha1.ResourceNvidiaGPU, 1))
+	preferredOnly.Template.Spec.Affinity = &corev1.Affinity{
+		NodeAffinity:    &corev1.NodeAffinity{PreferredDuringSchedulingIgnoredDuringExecution: affine.Template.Spec.Affinity.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution},
+		PodAntiAffinity: &corev1.PodAntiAffinity{RequiredDuringSchedulingIgnoredDuringExecution: []corev1.PodAffinityTerm{{TopologyKey: corev1.LabelHostname}}},
+	}
 	sidecar := podSet("s", 1, nil, rl(v1alpha1.ResourceNvidiaGPU, 1))
 	always := corev1.ContainerRestartPolicyAlways
 	sidecar.Template.Spec.InitContainers = []corev1.Container{
@@ -61,6 +77,16 @@ func TestGangFromPodSets(t *testing.T) {
 			name: "selector and tolerations carried",
 			in:   []kueue.PodSet{sel},
 			want: []fit.PodSet{{Name: "w", Count: 2, GPUsPerPod: 1, NodeSelector: map[string]string{"pool": "a"}, Tolerations: sel.Template.Spec.Tolerations}},
+		},
+		{
+			name: "required node affinity carried with the selector; preferred terms left out",
+			in:   []kueue.PodSet{affine},
+			want: []fit.PodSet{{Name: "a", Count: 2, GPUsPerPod: 1, NodeSelector: map[string]string{"pool": "a"}, NodeAffinity: required}},
+		},
+		{
+			name: "preferred node affinity and pod anti-affinity are not read",
+			in:   []kueue.PodSet{preferredOnly},
+			want: []fit.PodSet{{Name: "p", Count: 1, GPUsPerPod: 1}},
 		},
 		{
 			name: "sidecars add, plain init containers only raise the peak",
