@@ -12,11 +12,13 @@ import (
 
 // GangFromPodSets reads a Workload's pod sets. After gpupack's mutating
 // webhook a shared request is gpupack.io/vgpu: N with gpupack.io/gpu-memory:
-// N×MiB and gpupack.io/gpu-cores: N×percent; a whole-GPU request is
-// nvidia.com/gpu: N only. A template that still has nvidia.com/gpu with
-// memory annotations or HAMi resources (the webhook did not run, or a memory
-// percentage it cannot convert) is read as the shared request they describe.
-// Pod sets without GPUs are left out.
+// N×MiB and gpupack.io/gpu-cores: N×percent; in the webhook's hami mode it
+// is nvidia.com/gpu: N with nvidia.com/gpumem (or gpumem-percentage) and
+// nvidia.com/gpucores *per GPU* — N shared GPUs, not N whole ones. A
+// whole-GPU request is nvidia.com/gpu: N only. A template that still has
+// nvidia.com/gpu with memory annotations or HAMi resources (the webhook did
+// not run, or a memory percentage it cannot convert) is read as the shared
+// request they describe. Pod sets without GPUs are left out.
 func GangFromPodSets(podSets []kueue.PodSet) (fit.Gang, error) {
 	var g fit.Gang
 	for i := range podSets {

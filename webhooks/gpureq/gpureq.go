@@ -268,10 +268,17 @@ const (
 	NoGPU Kind = iota
 	// Whole: nvidia.com/gpu without memory — exclusive GPUs.
 	Whole
-	// Fractional: a share of each GPU; still to be converted to gpupack.io/*.
+	// Fractional: a share of each GPU — nvidia.com/gpu with a memory request
+	// from annotations or HAMi's per-container resources. The webhook's
+	// gpupack mode converts it to gpupack.io/* (then Converted); its hami
+	// mode writes it as HAMi's resources (nvidia.com/gpu + gpumem
+	// [+ gpucores]), which read back as Fractional again, with the same
+	// Spec: HAMi form is a fixed point of hami mode, and the input that
+	// gpupack mode converts.
 	Fractional
 	// Converted: already expressed as gpupack.io/vgpu + gpu-memory (a pod
-	// created from a mutated job template, or a second webhook pass).
+	// created from a mutated job template, or a second webhook pass). The
+	// hami mode rewrites it as HAMi's resources.
 	Converted
 )
 
@@ -410,13 +417,16 @@ func errNoGPU(name string) error {
 }
 
 // Demand is what a pod set's per-pod resources ask of GPUs, read back from
-// the converted resources (what Kueue counts). The gang-fit check can use it
-// on Workload pod sets.
+// the converted resources (what Kueue counts): gpupack.io/* (gpupack mode)
+// or HAMi's (hami mode). The gang-fit check can use it on Workload pod sets.
 type Demand struct {
 	// GPUs per pod.
 	GPUs int64
-	// MemoryMiB per GPU; 0 when Exclusive.
+	// MemoryMiB per GPU; 0 when Exclusive (or given as MemoryPercent).
 	MemoryMiB int64
+	// MemoryPercent is HAMi's nvidia.com/gpumem-percentage (a share of each
+	// GPU's allocatable memory), left when no GPU model resolved it.
+	MemoryPercent int32
 	// Cores per GPU; 0 when unset (no SM reservation) or Exclusive.
 	Cores int32
 	// Exclusive: whole GPUs (nvidia.com/gpu).
@@ -424,6 +434,12 @@ type Demand struct {
 }
 
 // DemandFromResources reads a pod's total resource requests (or limits).
+// HAMi form — nvidia.com/gpu: N with nvidia.com/gpumem (or
+// gpumem-percentage) and optionally nvidia.com/gpucores — is N shared GPUs
+// with that memory and cores *per GPU*: HAMi's resources are per GPU, not
+// × N, so a pod total reads right for a pod with one GPU container (what the
+// webhook's hami mode writes per container; for several, read each
+// container with ContainerRequest).
 func DemandFromResources(rl corev1.ResourceList) (Demand, error) {
 	get := func(n string) (int64, bool, error) {
 		q, ok := rl[corev1.ResourceName(n)]
@@ -452,9 +468,36 @@ func DemandFromResources(rl corev1.ResourceList) (Demand, error) {
 	if err != nil {
 		return Demand{}, err
 	}
+	hamiMem, hasHAMiMem, err := get(v1alpha1.AnnotationHAMiGPUMem)
+	if err != nil {
+		return Demand{}, err
+	}
+	hamiPct, hasHAMiPct, err := get(v1alpha1.AnnotationHAMiGPUMemPercentage)
+	if err != nil {
+		return Demand{}, err
+	}
+	hamiCores, hasHAMiCores, err := get(v1alpha1.AnnotationHAMiGPUCores)
+	if err != nil {
+		return Demand{}, err
+	}
+	hami := hasHAMiMem || hasHAMiPct || hasHAMiCores
 	switch {
 	case gpus > 0 && vgpus > 0:
 		return Demand{}, fmt.Errorf("both %s and %s requested", v1alpha1.ResourceNvidiaGPU, v1alpha1.ResourceVGPU)
+	case vgpus > 0 && hami:
+		return Demand{}, fmt.Errorf("both %s and HAMi's %s/%s/%s requested", v1alpha1.ResourceVGPU, v1alpha1.AnnotationHAMiGPUMem, v1alpha1.AnnotationHAMiGPUMemPercentage, v1alpha1.AnnotationHAMiGPUCores)
+	case gpus > 0 && hami:
+		switch {
+		case hasHAMiMem && hasHAMiPct:
+			return Demand{}, fmt.Errorf("both %s and %s requested", v1alpha1.AnnotationHAMiGPUMem, v1alpha1.AnnotationHAMiGPUMemPercentage)
+		case hamiMem > MaxMemoryMiB:
+			return Demand{}, fmt.Errorf("%s %d is more than %d MiB per GPU", v1alpha1.AnnotationHAMiGPUMem, hamiMem, MaxMemoryMiB)
+		case hamiPct > 100 || hamiCores > 100:
+			return Demand{}, fmt.Errorf("%s %d / %s %d: percentages go up to 100", v1alpha1.AnnotationHAMiGPUMemPercentage, hamiPct, v1alpha1.AnnotationHAMiGPUCores, hamiCores)
+		case hamiMem <= 0 && hamiPct <= 0:
+			return Demand{}, fmt.Errorf("%s with no memory (%s or %s above 0): a GPU without a memory request is exclusive", v1alpha1.ResourceNvidiaGPU, v1alpha1.AnnotationHAMiGPUMem, v1alpha1.AnnotationHAMiGPUMemPercentage)
+		}
+		return Demand{GPUs: gpus, MemoryMiB: hamiMem, MemoryPercent: int32(hamiPct), Cores: int32(hamiCores)}, nil
 	case gpus > 0:
 		return Demand{GPUs: gpus, Exclusive: true}, nil
 	case vgpus > 0:

@@ -153,6 +153,9 @@ func TestContainerRequest(t *testing.T) {
 		{name: "fractional from template", tmpl: Spec{MemoryMiB: 20480, Cores: 30}, c: ctr("a", map[string]string{gpu: "2"}), want: Request{Kind: Fractional, GPUs: 2, Spec: Spec{MemoryMiB: 20480, Cores: 30}}},
 		{name: "HAMi resources override template", tmpl: Spec{MemoryMiB: 20480, Cores: 30}, c: ctr("a", map[string]string{gpu: "1", hmem: "3000", hcore: "50"}), want: Request{Kind: Fractional, GPUs: 1, Spec: Spec{MemoryMiB: 3000, Cores: 50}}},
 		{name: "HAMi percent resource", c: ctr("a", map[string]string{gpu: "1", hpct: "25"}), want: Request{Kind: Fractional, GPUs: 1, Spec: Spec{MemoryPercent: 25}}},
+		// What the webhook's hami mode writes: per-GPU values (not × N), read
+		// back as the same Fractional request, so hami mode is a fixed point.
+		{name: "HAMi form, several GPUs", c: ctr("a", map[string]string{gpu: "2", hmem: "20480", hcore: "30"}), want: Request{Kind: Fractional, GPUs: 2, Spec: Spec{MemoryMiB: 20480, Cores: 30}}},
 		{name: "HAMi mem and percent", c: ctr("a", map[string]string{gpu: "1", hpct: "25", hmem: "10"}), wantErr: "conflict"},
 		{name: "HAMi resources without gpu", c: ctr("a", map[string]string{hmem: "3000"}), wantErr: "without nvidia.com/gpu"},
 		{name: "cores without memory", tmpl: Spec{Cores: 30}, c: ctr("a", map[string]string{gpu: "1"}), wantErr: "exclusive"},
@@ -212,6 +215,13 @@ func TestDemandFromResources(t *testing.T) {
 		{name: "shared no cores", rl: rl(v1alpha1.ResourceVGPU, "1", v1alpha1.ResourceGPUMemory, "100"), want: Demand{GPUs: 1, MemoryMiB: 100}},
 		{name: "shared no memory", rl: rl(v1alpha1.ResourceVGPU, "1"), wantErr: true},
 		{name: "both", rl: rl(v1alpha1.ResourceVGPU, "1", v1alpha1.ResourceNvidiaGPU, "1", v1alpha1.ResourceGPUMemory, "100"), wantErr: true},
+		// HAMi form (the webhook's hami mode): per-GPU memory and cores.
+		{name: "HAMi shared", rl: rl(v1alpha1.ResourceNvidiaGPU, "2", v1alpha1.AnnotationHAMiGPUMem, "20480", v1alpha1.AnnotationHAMiGPUCores, "30"), want: Demand{GPUs: 2, MemoryMiB: 20480, Cores: 30}},
+		{name: "HAMi percentage", rl: rl(v1alpha1.ResourceNvidiaGPU, "1", v1alpha1.AnnotationHAMiGPUMemPercentage, "25"), want: Demand{GPUs: 1, MemoryPercent: 25}},
+		{name: "HAMi cores without memory", rl: rl(v1alpha1.ResourceNvidiaGPU, "1", v1alpha1.AnnotationHAMiGPUCores, "30"), wantErr: true},
+		{name: "HAMi memory and percentage", rl: rl(v1alpha1.ResourceNvidiaGPU, "1", v1alpha1.AnnotationHAMiGPUMem, "100", v1alpha1.AnnotationHAMiGPUMemPercentage, "25"), wantErr: true},
+		{name: "HAMi percentage over 100", rl: rl(v1alpha1.ResourceNvidiaGPU, "1", v1alpha1.AnnotationHAMiGPUMemPercentage, "150"), wantErr: true},
+		{name: "vgpu and HAMi", rl: rl(v1alpha1.ResourceVGPU, "1", v1alpha1.ResourceGPUMemory, "100", v1alpha1.AnnotationHAMiGPUMem, "100"), wantErr: true},
 	}
 	for _, tc := range cases {
 		got, err := DemandFromResources(tc.rl)

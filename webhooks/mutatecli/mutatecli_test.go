@@ -35,6 +35,10 @@ func TestMain_Golden(t *testing.T) {
 		{file: "pod.yaml", wantCode: ExitOK, wantStderr: []string{`removed LD_PRELOAD`, "v1 ConfigMap is not handled"}},
 		{file: "pod.yaml", args: []string{"--config", "testdata/deny-env.config.yaml"}, wantCode: ExitDenied, wantStderr: []string{"denied: ", "sets LD_PRELOAD, which gpupack owns"}},
 		{file: "too-big.yaml", wantCode: ExitDenied, wantStderr: []string{"denied: pod template: container \"c\" asks for 80896 MiB per GPU, more than the 71903 MiB"}},
+		// resources: hami writes HAMi's resources (per GPU) and injects no hook,
+		// but still strips the tenant's hook env.
+		{file: "hami.yaml", args: []string{"--config", "testdata/hami.config.yaml"}, wantCode: ExitOK, wantStderr: []string{"no GPU model is known", `removed LD_PRELOAD`, `removed CUDA_DISABLE_CONTROL`}},
+		{file: "too-big.yaml", args: []string{"--config", "testdata/hami.config.yaml"}, wantCode: ExitDenied, wantStderr: []string{"more than the 71903 MiB"}},
 	}
 	for _, tc := range cases {
 		name := tc.file + strings.Join(tc.args, "")
@@ -67,9 +71,9 @@ func TestMain_Golden(t *testing.T) {
 			if d := cmp.Diff(string(want), stdout); d != "" {
 				t.Errorf("output (-want +got):\n%s", d)
 			}
-			// Feeding the output back changes nothing and warns about nothing
-			// but the pass-through kinds.
-			code, again, stderr := run(t, stdout, "-f", "-")
+			// Feeding the output back (same configuration) changes nothing and
+			// warns about nothing but the pass-through kinds.
+			code, again, stderr := run(t, stdout, append([]string{"-f", "-"}, tc.args...)...)
 			if code != ExitOK || again != stdout {
 				t.Errorf("second pass: exit %d, diff %s", code, cmp.Diff(stdout, again))
 			}

@@ -1,8 +1,8 @@
 // Package mutation is the pure core of gpupack's fractional-GPU webhooks and
 // of `gpupack mutate`: it rewrites PyTorchJobs, batch Jobs and Pods in place
-// (requests into gpupack.io/* resources, hook injection, checkpoint
-// wrapping, the placement gate) and validates them. The admission handlers
-// and the CLI are thin adapters around it.
+// (requests into gpupack.io/* resources — or HAMi's, in hami mode — hook
+// injection, checkpoint wrapping, the placement gate) and validates them.
+// The admission handlers and the CLI are thin adapters around it.
 package mutation
 
 import (
@@ -24,6 +24,17 @@ const (
 	PreloadFile = "File"
 	// PreloadEnv sets LD_PRELOAD (for images that already use /etc/ld.so.preload).
 	PreloadEnv = "Env"
+)
+
+// Resource modes: what a fractional request is written as.
+const (
+	// ResourcesGpupack writes gpupack.io/vgpu, gpu-memory and gpu-cores and
+	// injects gpupack's hook (gpupack-node serves the GPUs). Default.
+	ResourcesGpupack = "gpupack"
+	// ResourcesHAMi writes HAMi's nvidia.com/gpu, gpumem and gpucores and
+	// injects nothing: HAMi's device plugin serves the GPUs and injects
+	// HAMi-core at Allocate.
+	ResourcesHAMi = "hami"
 )
 
 // Env policies for tenant values of the keys the webhook owns.
@@ -54,6 +65,12 @@ const (
 
 // Config configures the webhooks. Zero values take the defaults (Default()).
 type Config struct {
+	// Resources: gpupack (default) or hami — the resources a fractional
+	// request becomes, and whether gpupack injects its hook (gpupack only).
+	Resources string `json:"resources,omitempty"`
+	// Hook says where the hook library is. In hami mode nothing is
+	// injected; MountPath is then where HAMi-core appears in containers,
+	// and tenant mounts there are removed.
 	Hook HookConfig `json:"hook,omitempty"`
 	// EnvPolicy: Strip (default) or Deny.
 	EnvPolicy string `json:"envPolicy,omitempty"`
@@ -151,6 +168,9 @@ func (c *Config) applyDefaults() {
 	if c.EnvPolicy == "" {
 		c.EnvPolicy = EnvPolicyStrip
 	}
+	if c.Resources == "" {
+		c.Resources = ResourcesGpupack
+	}
 	k := &c.Checkpoint
 	if k.Image == "" {
 		k.Image = DefaultImage
@@ -171,6 +191,11 @@ func (c *Config) applyDefaults() {
 
 // Validate reports settings that cannot work.
 func (c Config) Validate() error {
+	switch c.Resources {
+	case ResourcesGpupack, ResourcesHAMi:
+	default:
+		return fmt.Errorf("resources %q: want %s or %s", c.Resources, ResourcesGpupack, ResourcesHAMi)
+	}
 	switch c.Hook.Preload {
 	case PreloadFile, PreloadEnv:
 	default:
@@ -202,6 +227,9 @@ func (c Config) Validate() error {
 	}
 	return nil
 }
+
+// hami reports the HAMi resource mode.
+func (c Config) hami() bool { return c.Resources == ResourcesHAMi }
 
 func (c Config) buffer() flavors.Buffer {
 	return flavors.NewBuffer(c.Buffer.DriverOverheadMiB, c.Buffer.BufferPercent)

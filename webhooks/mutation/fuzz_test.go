@@ -57,14 +57,7 @@ func FuzzPodMutation(f *testing.F) {
 		if _, err := m.Pod(pod, PodContext{}); err != nil {
 			return
 		}
-		again := pod.DeepCopy()
-		w, err := m.Pod(again, PodContext{})
-		if err != nil || len(w) != 0 || !equality.Semantic.DeepEqual(pod, again) {
-			t.Fatalf("second pass: warn %q err %v diff %s", w, err, cmp.Diff(pod, again))
-		}
-		if err := m.ValidatePod(pod); err != nil {
-			t.Fatalf("mutated pod fails validation: %v", err)
-		}
+		assertFixedPoint(t, m, pod)
 		hasGPU := false
 		for _, r := range []corev1.ResourceName{v1alpha1.ResourceNvidiaGPU, v1alpha1.ResourceVGPU} {
 			if q, ok := pod.Spec.Containers[0].Resources.Limits[r]; ok && !q.IsZero() {
@@ -88,4 +81,18 @@ func (m *Mutator) memLimitFor(p *corev1.Pod) string {
 		return ""
 	}
 	return itoa(q.Value()/n.Value()) + "m"
+}
+
+// assertFixedPoint checks that mutating a mutated pod again changes nothing,
+// warns nothing, and that the validating webhook accepts it.
+func assertFixedPoint(t *testing.T, m *Mutator, pod *corev1.Pod) {
+	t.Helper()
+	again := pod.DeepCopy()
+	w, err := m.Pod(again, PodContext{})
+	if err != nil || len(w) != 0 || !equality.Semantic.DeepEqual(pod, again) {
+		t.Fatalf("second pass: warn %q err %v diff %s", w, err, cmp.Diff(pod, again))
+	}
+	if err := m.ValidatePod(pod); err != nil {
+		t.Fatalf("mutated pod fails validation: %v", err)
+	}
 }

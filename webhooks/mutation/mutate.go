@@ -138,22 +138,33 @@ func (m *Mutator) template(where string, jobAnn map[string]string, t *corev1.Pod
 		}
 		if req.Kind == gpureq.Fractional || req.Kind == gpureq.Converted {
 			if req.Spec.MemoryPercent > 0 {
-				if !mdl.known {
+				switch {
+				case mdl.known:
+					req.Spec.MemoryMiB = max(1, (int64(req.Spec.MemoryPercent)*alloc+99)/100)
+					req.Spec.MemoryPercent = 0
+				case !m.cfg.hami():
 					return out, fmt.Errorf("%s: container %q: %s needs a known GPU model to become MiB; set nodeSelector %s (or the webhook's defaultGPUModel), or ask for %s in MiB", where, c.Name, v1alpha1.AnnotationHAMiGPUMemPercentage, flavors.LabelGPUProduct, v1alpha1.AnnotationGPUMemory)
 				}
-				req.Spec.MemoryMiB = max(1, (int64(req.Spec.MemoryPercent)*alloc+99)/100)
-				req.Spec.MemoryPercent = 0
+				// hami mode without a model: the percentage stays for HAMi.
 			}
 			if mdl.known && req.Spec.MemoryMiB > alloc {
 				return out, fmt.Errorf("%s: container %q asks for %d MiB per GPU, more than the %d MiB a pod may take on one %s (%d MiB physical − %d MiB driver overhead − %d%% buffer, never above %d%%); ask for at most %dMi", where, c.Name, req.Spec.MemoryMiB, alloc, mdl.name, mdl.physical, m.buf.DriverOverheadMiB, m.buf.BufferPercent, flavors.HardCapPercent, alloc)
 			}
-			if req.Kind == gpureq.Fractional && !mdl.known && modelWarn != "" && !warned {
-				out.warn = append(out.warn, where+": "+modelWarn)
-				warned = true
-			}
-			if req.Kind == gpureq.Fractional {
+			// Warn on the first conversion only, so a second pass (or a pod
+			// made from a mutated template) is silent.
+			first := req.Kind == gpureq.Fractional
+			if m.cfg.hami() {
+				// HAMi form is read back as Fractional: only a rewrite
+				// tells a first pass from a second.
+				first = convertHAMi(c, req)
+				req.Kind = gpureq.Fractional
+			} else if req.Kind == gpureq.Fractional {
 				convert(c, req)
 				req.Kind = gpureq.Converted
+			}
+			if first && !mdl.known && modelWarn != "" && !warned {
+				out.warn = append(out.warn, where+": "+modelWarn)
+				warned = true
 			}
 		}
 		out.reqs = append(out.reqs, req)
@@ -221,6 +232,44 @@ func convert(c *corev1.Container, req gpureq.Request) {
 	c.Resources.Requests = set(c.Resources.Requests)
 }
 
+// gpupackResources are what convert writes; hami mode removes them.
+var gpupackResources = []corev1.ResourceName{v1alpha1.ResourceVGPU, v1alpha1.ResourceGPUMemory, v1alpha1.ResourceGPUCores}
+
+// convertHAMi writes a fractional request as HAMi's resources, in limits and
+// requests alike: nvidia.com/gpu N, nvidia.com/gpumem per GPU (or
+// nvidia.com/gpumem-percentage while no model resolves it) and
+// nvidia.com/gpucores when cores are asked. gpupack.io/* resources (an
+// object written in gpupack mode) are removed. It reports whether anything
+// changed; on HAMi form it wrote itself it changes nothing.
+func convertHAMi(c *corev1.Container, req gpureq.Request) bool {
+	before := c.Resources.DeepCopy()
+	set := func(rl corev1.ResourceList) corev1.ResourceList {
+		if rl == nil {
+			rl = corev1.ResourceList{}
+		}
+		for _, r := range gpupackResources {
+			delete(rl, r)
+		}
+		rl[v1alpha1.ResourceNvidiaGPU] = *resource.NewQuantity(req.GPUs, resource.DecimalSI)
+		if req.Spec.MemoryMiB > 0 {
+			rl[v1alpha1.AnnotationHAMiGPUMem] = *resource.NewQuantity(req.Spec.MemoryMiB, resource.DecimalSI)
+			delete(rl, v1alpha1.AnnotationHAMiGPUMemPercentage)
+		} else {
+			rl[v1alpha1.AnnotationHAMiGPUMemPercentage] = *resource.NewQuantity(int64(req.Spec.MemoryPercent), resource.DecimalSI)
+			delete(rl, v1alpha1.AnnotationHAMiGPUMem)
+		}
+		if req.Spec.Cores > 0 {
+			rl[v1alpha1.AnnotationHAMiGPUCores] = *resource.NewQuantity(int64(req.Spec.Cores), resource.DecimalSI)
+		} else {
+			delete(rl, v1alpha1.AnnotationHAMiGPUCores)
+		}
+		return rl
+	}
+	c.Resources.Limits = set(c.Resources.Limits)
+	c.Resources.Requests = set(c.Resources.Requests)
+	return !equality.Semantic.DeepEqual(*before, c.Resources)
+}
+
 // PyTorchJob mutates a kubeflow.org/v1 PyTorchJob in place.
 func (m *Mutator) PyTorchJob(j *kftraining.PyTorchJob) ([]string, error) {
 	var warn []string
@@ -271,7 +320,8 @@ func nonNil(m map[string]string) map[string]string {
 	return m
 }
 
-// Pod mutates a Pod at creation: requests, hook injection on GPU containers,
+// Pod mutates a Pod at creation: requests, hook injection on GPU containers
+// (gpupack mode; in hami mode HAMi's device plugin injects HAMi-core),
 // owned environment, checkpoint wrapping, resume step, placement gate.
 func (m *Mutator) Pod(p *corev1.Pod, pc PodContext) ([]string, error) {
 	t := corev1.PodTemplateSpec{ObjectMeta: p.ObjectMeta, Spec: p.Spec}
@@ -292,9 +342,12 @@ func (m *Mutator) Pod(p *corev1.Pod, pc PodContext) ([]string, error) {
 			return warn, err
 		}
 		warn = append(warn, w...)
-		if req.Kind == gpureq.Converted {
+		switch {
+		case req.Kind == gpureq.Converted:
 			fractional = true
 			warn = append(warn, m.mountHook(c)...)
+		case req.Kind == gpureq.Fractional && m.cfg.hami():
+			warn = append(warn, m.guardHAMiHook(c)...)
 		}
 	}
 	if fractional {
@@ -364,7 +417,10 @@ func (m *Mutator) hookEnv(c *corev1.Container, req gpureq.Request) []corev1.EnvV
 
 // ownEnv replaces the owned keys of a GPU container with the webhook's
 // values. A tenant value (one the webhook would not have set) is removed with
-// a warning, or denied under EnvPolicyDeny. Re-running is a no-op.
+// a warning, or denied under EnvPolicyDeny. Re-running is a no-op. In hami
+// mode the webhook sets none of them (HAMi's device plugin does, and kubelet
+// puts pod-spec env after a device plugin's, so a tenant value would win):
+// every owned key on a GPU container is a tenant value.
 func (m *Mutator) ownEnv(c *corev1.Container, req gpureq.Request) ([]string, error) {
 	var want []corev1.EnvVar
 	if req.Kind == gpureq.Converted {
@@ -463,6 +519,32 @@ func (m *Mutator) mountHook(c *corev1.Container) []string {
 		if !placed[w.MountPath] {
 			kept = append(kept, w)
 		}
+	}
+	c.VolumeMounts = kept
+	return warn
+}
+
+// guardHAMiHook removes, in hami mode, mounts that would shadow what HAMi's
+// device plugin mounts at Allocate (/etc/ld.so.preload and HAMi-core's
+// folder, hook.mountPath): kubelet applies pod-spec mounts after a device
+// plugin's, so a tenant mount there would unload HAMi-core. gpupack's own
+// hook mounts (left from gpupack mode) go silently. Nothing is added.
+func (m *Mutator) guardHAMiHook(c *corev1.Container) []string {
+	h := m.cfg.Hook
+	guarded := map[string]bool{etcPreload: true, h.MountPath: true, h.MountPath + "/" + h.Library: true}
+	var warn []string
+	kept := c.VolumeMounts[:0:0]
+	for _, vm := range c.VolumeMounts {
+		switch {
+		case vm.Name == VolumeHook || vm.Name == VolumeSharedCache:
+		case guarded[vm.MountPath]:
+			warn = append(warn, fmt.Sprintf("container %q: removed the mount at %s; HAMi's device plugin mounts its GPU hook there", c.Name, vm.MountPath))
+		default:
+			kept = append(kept, vm)
+		}
+	}
+	if len(kept) == len(c.VolumeMounts) {
+		return nil // unchanged (keeps nil vs empty as it was)
 	}
 	c.VolumeMounts = kept
 	return warn

@@ -205,6 +205,16 @@ func TestHelmKnobs(t *testing.T) {
 			t.Errorf("envPolicy %v, want Deny", got)
 		}
 	})
+	t.Run("resources", func(t *testing.T) {
+		if got := webhookConfigFile(t, Helm(t))["resources"]; got != mutation.ResourcesGpupack {
+			t.Errorf("default resources %v, want %s", got, mutation.ResourcesGpupack)
+		}
+		for _, objs := range [][]*unstructured.Unstructured{Helm(t, "--set", "webhook.resources=hami"), Helm(t, "-f", "manifests/helm/gpupack/values-hami.yaml"), Kustomize(t, "manifests/overlays/hami")} {
+			if got := webhookConfigFile(t, objs)["resources"]; got != mutation.ResourcesHAMi {
+				t.Errorf("resources %v, want %s", got, mutation.ResourcesHAMi)
+			}
+		}
+	})
 	t.Run("hook path", func(t *testing.T) {
 		objs := Helm(t, "--set", "hook.hostPath=/opt/gpupack/hook")
 		if got := webhookConfigFile(t, objs)["hook"].(map[string]any)["hostPath"]; got != "/opt/gpupack/hook" {
@@ -243,7 +253,7 @@ func TestHelmKnobs(t *testing.T) {
 		}
 	})
 	t.Run("bad values are refused", func(t *testing.T) {
-		for _, set := range []string{"buffer.bufferPercent=95", "webhook.failurePolicy=Sometimes", "webhook.envPolicy=Keep", "hook.preload=Maybe"} {
+		for _, set := range []string{"buffer.bufferPercent=95", "webhook.failurePolicy=Sometimes", "webhook.envPolicy=Keep", "hook.preload=Maybe", "webhook.resources=vgpu"} {
 			if _, err := run(t, "helm", "template", "gpupack", "manifests/helm/gpupack", "--set", set); err == nil {
 				t.Errorf("helm template --set %s succeeded, want a values schema error", set)
 			} else if field := strings.Split(strings.Split(set, "=")[0], ".")[1]; !strings.Contains(err.Error(), field) {

@@ -193,28 +193,7 @@ func TestWebhooks(t *testing.T) {
 		if q := req[v1alpha1.ResourceVGPU]; q.Value() != 1 {
 			t.Errorf("gpupack.io/vgpu = %s", q.String())
 		}
-		reserved := func() (int, string) {
-			n, why := 0, ""
-			for i := 0; i < 3; i++ {
-				w, err := env.WorkloadOf(ns, fmt.Sprintf("pt-%d", i), "PyTorchJob")
-				if err != nil || w == nil {
-					return -1, fmt.Sprint(err)
-				}
-				if apimeta.IsStatusConditionTrue(w.Status.Conditions, kueue.WorkloadQuotaReserved) {
-					n++
-				}
-				why += framework.DescribeWorkload(w) + "; "
-			}
-			return n, why
-		}
-		env.Eventually(t, 60*time.Second, "two of three jobs get quota", func() (bool, string) {
-			n, why := reserved()
-			return n == 2, why
-		})
-		time.Sleep(2 * time.Second) // the third must stay out
-		if n, why := reserved(); n != 2 {
-			t.Errorf("%d jobs hold quota, want exactly 2: %s", n, why)
-		}
+		expectQuotaFor(t, env, ns, 3, 2)
 	})
 
 	t.Run("checkpoint opt-in and resume step", func(t *testing.T) {
@@ -278,4 +257,32 @@ func TestWebhooks(t *testing.T) {
 func unqueued(j *batchv1.Job) *batchv1.Job {
 	delete(j.Labels, "kueue.x-k8s.io/queue-name")
 	return j
+}
+
+// expectQuotaFor waits until exactly want of the PyTorchJobs pt-0 … pt-(n-1)
+// hold quota, and checks that no more get it a little later.
+func expectQuotaFor(t *testing.T, env *framework.Env, ns string, n, want int) {
+	t.Helper()
+	reserved := func() (int, string) {
+		got, why := 0, ""
+		for i := 0; i < n; i++ {
+			w, err := env.WorkloadOf(ns, fmt.Sprintf("pt-%d", i), "PyTorchJob")
+			if err != nil || w == nil {
+				return -1, fmt.Sprint(err)
+			}
+			if apimeta.IsStatusConditionTrue(w.Status.Conditions, kueue.WorkloadQuotaReserved) {
+				got++
+			}
+			why += framework.DescribeWorkload(w) + "; "
+		}
+		return got, why
+	}
+	env.Eventually(t, 60*time.Second, fmt.Sprintf("%d of %d jobs get quota", want, n), func() (bool, string) {
+		got, why := reserved()
+		return got == want, why
+	})
+	time.Sleep(2 * time.Second) // the others must stay out
+	if got, why := reserved(); got != want {
+		t.Errorf("%d jobs hold quota, want exactly %d: %s", got, want, why)
+	}
 }

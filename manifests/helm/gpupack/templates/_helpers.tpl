@@ -37,6 +37,7 @@ object != null && ((has(object.metadata.annotations) && ['gpupack.io/gpu-memory'
 
 {{/* The webhooks' configuration file (webhooks/mutation.Config). */}}
 {{- define "gpupack.webhookConfig" -}}
+resources: {{ .Values.webhook.resources }}
 hook:
   hostPath: {{ .Values.hook.hostPath }}
   {{- if ne .Values.hook.library "libgpupack-hook.so" }}
