@@ -26,6 +26,13 @@ type ServeOptions struct {
 	CertManagerCertificate string
 	// TimeoutSeconds per call (default 10).
 	TimeoutSeconds int32
+	// ValidatePodCreate also sends pod creations to the validating webhook.
+	// Off by default: the mutating webhook already denies every bad pod and
+	// is reinvoked (IfNeeded) when a later webhook changes the pod, so the
+	// second call only catches a webhook that undoes gpupack's injection in
+	// the reinvocation round — at the price of a second round trip on every
+	// GPU pod (docs/bench/webhooks.md). Turn it on where such webhooks run.
+	ValidatePodCreate bool
 }
 
 // DefaultServeOptions match manifests/: namespace gpupack-system.
@@ -171,10 +178,14 @@ func WebhookConfigurations(o ServeOptions) (*admissionregistrationv1.MutatingWeb
 			MatchConditions:         MatchConditions(t.kind, false),
 			ReinvocationPolicy:      reinvoke,
 		})
+		ops := []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update}
+		if t.kind == "Pod" && !o.ValidatePodCreate {
+			ops = ops[1:]
+		}
 		vwc.Webhooks = append(vwc.Webhooks, admissionregistrationv1.ValidatingWebhook{
 			Name:                    "v" + lower + ".gpupack.io",
 			ClientConfig:            client(t.validate),
-			Rules:                   rule(t, admissionregistrationv1.Create, admissionregistrationv1.Update),
+			Rules:                   rule(t, ops...),
 			FailurePolicy:           &fail,
 			SideEffects:             &none,
 			AdmissionReviewVersions: []string{"v1"},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -243,4 +244,24 @@ func BenchmarkPodValidator(b *testing.B) {
 			b.Fatal(resp.Result)
 		}
 	})
+}
+
+// Pod creations reach the validating webhook only when asked for; jobs are
+// always validated at creation (their templates are not reinvoked).
+func TestValidatePodCreateOption(t *testing.T) {
+	for _, strict := range []bool{false, true} {
+		o := DefaultServeOptions()
+		o.ValidatePodCreate = strict
+		_, vwc := WebhookConfigurations(o)
+		for _, w := range vwc.Webhooks {
+			got := fmt.Sprint(w.Rules[0].Operations)
+			want := "[CREATE UPDATE]"
+			if w.Name == "vpod.gpupack.io" && !strict {
+				want = "[UPDATE]"
+			}
+			if got != want {
+				t.Errorf("ValidatePodCreate=%v: %s operations %s, want %s", strict, w.Name, got, want)
+			}
+		}
+	}
 }

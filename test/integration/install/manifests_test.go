@@ -301,6 +301,10 @@ func TestWebhookConfigurationsMatchGo(t *testing.T) {
 		{"helm knobs", func(t *testing.T) []*unstructured.Unstructured {
 			return Helm(t, "--set", "webhook.failurePolicy=Ignore,webhook.timeoutSeconds=5", "--set-json", `webhook.extraExcludedNamespaces=["monitoring"]`)
 		}, func(o *webhooks.ServeOptions) { o.ExcludedNamespaces = []string{"monitoring"}; o.TimeoutSeconds = 5 }, admissionregistrationv1.Ignore},
+		{"helm validatePodCreate", func(t *testing.T) []*unstructured.Unstructured {
+			return Helm(t, "--set", "webhook.validatePodCreate=true")
+		},
+			func(o *webhooks.ServeOptions) { o.ValidatePodCreate = true }, admissionregistrationv1.Fail},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
