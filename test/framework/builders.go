@@ -30,6 +30,12 @@ const (
 	LabelRack  = "topology.gpupack.io/rack"
 )
 
+// kwok manages (plays the kubelet of) the nodes with this label.
+const (
+	KwokNodeLabel      = "type"
+	KwokNodeLabelValue = "kwok"
+)
+
 // NodeWrapper builds a fake GPU node managed by kwok.
 type NodeWrapper struct{ corev1.Node }
 
@@ -38,7 +44,7 @@ func MakeNode(name string) *NodeWrapper {
 	return &NodeWrapper{corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:        name,
-			Labels:      map[string]string{corev1.LabelHostname: name, "type": "kwok"},
+			Labels:      map[string]string{corev1.LabelHostname: name, KwokNodeLabel: KwokNodeLabelValue},
 			Annotations: map[string]string{"kwok.x-k8s.io/node": "fake"},
 		},
 		Spec: corev1.NodeSpec{Taints: []corev1.Taint{{Key: "kwok.x-k8s.io/node", Value: "fake", Effect: corev1.TaintEffectNoSchedule}}},

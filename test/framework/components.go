@@ -102,7 +102,11 @@ func (e *Env) startScheduling(t TB) {
 	}
 	args := []string{"--kubeconfig=" + e.Kubeconfig,
 		"--manage-all-nodes=false",
-		"--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+		// A label selector, which the apiserver applies to kwok's watch: a
+		// node whose label is taken off leaves the watch and kwok lets go of
+		// it (SetKubelet). kwok checks an annotation selector only on its
+		// side and never drops a node that stops matching.
+		"--manage-nodes-with-label-selector=" + KwokNodeLabel + "=" + KwokNodeLabelValue,
 		"--node-lease-duration-seconds=40",
 		"--server-address=127.0.0.1:0",
 	}

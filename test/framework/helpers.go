@@ -1,12 +1,14 @@
 package framework
 
 import (
+	"encoding/json"
 	"fmt"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -171,5 +173,21 @@ func (e *Env) CreateNode(t TB, n *corev1.Node) {
 	})
 	if err != nil {
 		t.Fatalf("lifting not-ready taint of %s: %v", n.Name, err)
+	}
+}
+
+// SetKubelet takes a kwok node's fake kubelet away (up=false: nothing runs,
+// confirms deletions or renews the node's lease any more, as when a node is
+// lost) or gives it back.
+func (e *Env) SetKubelet(t TB, node string, up bool) {
+	t.Helper()
+	var v any // JSON null removes the label
+	if up {
+		v = KwokNodeLabelValue
+	}
+	raw, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]any{KwokNodeLabel: v}}})
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}
+	if err := e.Client.Patch(e.Ctx, n, client.RawPatch(types.MergePatchType, raw)); err != nil {
+		t.Fatalf("node %s kubelet up=%v: %v", node, up, err)
 	}
 }

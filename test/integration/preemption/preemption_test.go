@@ -67,6 +67,10 @@ type fakeNodeAgent struct {
 	job  string
 	node string
 
+	// noContainers: pods carry no finalizer standing for a running
+	// container (the node's kubelet is gone, nothing confirms a deletion).
+	noContainers bool
+
 	mu     sync.Mutex
 	answer bool // answer checkpoint requests (false: the trainer is still saving)
 	stop   chan struct{}
@@ -119,6 +123,9 @@ func (a *fakeNodeAgent) tick(t *testing.T) {
 			}
 			ann[v1alpha1.AnnotationDevices] = v1alpha1.FormatDevices(devs)
 			patch["metadata"] = map[string]any{"annotations": ann, "finalizers": append(p.Finalizers, containerAlive)}
+			if a.noContainers {
+				patch["metadata"] = map[string]any{"annotations": ann}
+			}
 		case answer && p.Annotations[v1alpha1.AnnotationCheckpointRequest] != "" && p.Annotations[v1alpha1.AnnotationCheckpointStep] == "":
 			// gpupack-ckpt: a verified checkpoint, reported on the pod.
 			ann[v1alpha1.AnnotationCheckpointStep] = fmt.Sprint(consistentStep)
@@ -214,13 +221,10 @@ func phasesOf(st ladder.State) []ladder.Phase {
 	return out
 }
 
-// A low-priority PyTorchJob is preempted by a high-priority one in the same
-// ClusterQueue. The coordinator asks every rank to checkpoint; the manager
-// is restarted in the middle of Checkpointing and resumes it without asking
-// again; once every rank has saved, the phases run to Done with an Event
-// each, the job records the consistent step, and the preemptor gets a pod
-// placed only after the victim's GPUs are free.
-func TestPreemptedJobCheckpointsThenYields(t *testing.T) {
+// startPreemptionSuite brings up one 4-GPU kwok node, the gang-fit check,
+// and a ClusterQueue that preempts lower priorities; the returned function
+// starts a coordinator (and returns its stop).
+func startPreemptionSuite(t *testing.T) (*suite, func() func()) {
 	env := framework.Start(t, framework.Options{Scheduler: true, TrainingOperator: true})
 	env.MustCreate(t, framework.MakeNode("n1").GPUs(4, framework.H100).Obj())
 	env.WaitForNodeReady(t, "n1")
@@ -237,7 +241,6 @@ func TestPreemptedJobCheckpointsThenYields(t *testing.T) {
 			return preemption.SetupWithManager(mgr, preemption.Options{Slack: 5 * time.Second, SkipNameValidation: true})
 		})
 	}
-	stopCoordinator := startCoordinator()
 	env.Eventually(t, 30*time.Second, "gang-fit check Active", func() (bool, string) {
 		var ac kueue.AdmissionCheck
 		if err := env.Client.Get(env.Ctx, client.ObjectKey{Name: "gang-fit"}, &ac); err != nil {
@@ -250,7 +253,19 @@ func TestPreemptedJobCheckpointsThenYields(t *testing.T) {
 		Preemption(kueue.ClusterQueuePreemption{WithinClusterQueue: kueue.PreemptionPolicyLowerPriority}).Obj())
 	s := &suite{env: env, ns: env.Namespace(t, "team")}
 	env.MustCreate(t, framework.MakeLocalQueue("lq", s.ns, "cq"))
+	return s, startCoordinator
+}
 
+// A low-priority PyTorchJob is preempted by a high-priority one in the same
+// ClusterQueue. The coordinator asks every rank to checkpoint; the manager
+// is restarted in the middle of Checkpointing and resumes it without asking
+// again; once every rank has saved, the phases run to Done with an Event
+// each, the job records the consistent step, and the preemptor gets a pod
+// placed only after the victim's GPUs are free.
+func TestPreemptedJobCheckpointsThenYields(t *testing.T) {
+	s, startCoordinator := startPreemptionSuite(t)
+	env := s.env
+	stopCoordinator := startCoordinator()
 	// The victim: master + 1 worker, 2 GPUs each, opted in.
 	low := framework.MakePyTorchJob("low", s.ns, "lq", 1, 2).PriorityClass("low").
 		TemplateAnnotation(v1alpha1.AnnotationCheckpoint, "true").
@@ -268,41 +283,8 @@ func TestPreemptedJobCheckpointsThenYields(t *testing.T) {
 		return n == 2, fmt.Sprintf("%d of 2 pods running with devices", n)
 	})
 
-	// Watch the invariant for the rest of the test: no pod of the
-	// preemptor is bound to a node while a pod of the victim exists.
-	var (
-		violMu    sync.Mutex
-		violation string
-		lowGoneAt time.Time
-	)
-	watchStop := make(chan struct{})
-	watchDone := make(chan struct{})
-	go func() {
-		defer close(watchDone)
-		for {
-			select {
-			case <-watchStop:
-				return
-			case <-time.After(50 * time.Millisecond):
-			}
-			var lows, highs corev1.PodList
-			if env.Client.List(env.Ctx, &lows, client.InNamespace(s.ns), client.MatchingLabels{jobNameLabel: "low"}) != nil ||
-				env.Client.List(env.Ctx, &highs, client.InNamespace(s.ns), client.MatchingLabels{jobNameLabel: "high"}) != nil {
-				continue
-			}
-			violMu.Lock()
-			if len(lows.Items) == 0 && lowGoneAt.IsZero() {
-				lowGoneAt = time.Now()
-			}
-			for _, h := range highs.Items {
-				if h.Spec.NodeName != "" && len(lows.Items) > 0 && violation == "" {
-					violation = fmt.Sprintf("preemptor pod %s bound to %s while victim pods %s still exist", h.Name, h.Spec.NodeName, podNames(lows.Items))
-				}
-			}
-			violMu.Unlock()
-		}
-	}()
-	defer func() { close(watchStop); <-watchDone }()
+	// Watch the invariant for the rest of the test.
+	w := s.watchHandover(t)
 
 	// The preemptor.
 	env.MustCreate(t, framework.MakePyTorchJob("high", s.ns, "lq", 1, 2).PriorityClass("high").Obj())
@@ -340,14 +322,12 @@ func TestPreemptedJobCheckpointsThenYields(t *testing.T) {
 	if n := s.eventCount(t, wl.Name, preemption.EventCheckpointing); n != 1 {
 		t.Errorf("%d %s Events, want 1 (no re-entry after restart)", n, preemption.EventCheckpointing)
 	}
-	violMu.Lock()
-	if lowGoneAt.IsZero() && violation == "" {
+	if lowGoneAt, violation := w.result(); lowGoneAt.IsZero() && violation == "" {
 		// Still checkpointing: the preemptor must not be admitted yet.
 		if hw, _ := env.WorkloadOf(s.ns, "high", "PyTorchJob"); hw != nil && admitted(hw) {
 			t.Errorf("preemptor admitted while the victim checkpoints: %s", framework.DescribeWorkload(hw))
 		}
 	}
-	violMu.Unlock()
 
 	// The trainers finish saving.
 	agent.setAnswer(true)
@@ -386,17 +366,8 @@ func TestPreemptedJobCheckpointsThenYields(t *testing.T) {
 	}
 
 	// The preemptor runs, and was placed only after the victim was gone.
-	env.Eventually(t, 90*time.Second, "preemptor running", func() (bool, string) {
-		n := 0
-		for _, p := range s.pods(t, "high") {
-			if p.Status.Phase == corev1.PodRunning {
-				n++
-			}
-		}
-		return n == 2, fmt.Sprintf("%d of 2 running", n)
-	})
-	violMu.Lock()
-	defer violMu.Unlock()
+	s.waitRunning(t, "high", 2)
+	lowGoneAt, violation := w.result()
 	if violation != "" {
 		t.Error(violation)
 	}
@@ -607,4 +578,167 @@ func TestDrainEvictionWaitsForCheckpointWithinBudget(t *testing.T) {
 		}
 		time.Sleep(250 * time.Millisecond)
 	}
+}
+
+// A victim whose node is lost while it is preempted: its trainers never
+// answer the checkpoint request and nothing confirms a graceful deletion
+// (kwok stops managing the node, as a kubelet that went away). The
+// coordinator must still free the GPUs within its bounds: Checkpointing
+// times out, Terminating's grace + slack runs out, and Killing force-deletes
+// the pods; every rank is recorded as Killed, no checkpoint step is claimed,
+// and the preemptor is placed only after the victim's pods are gone.
+func TestPreemptedJobOnLostNodeIsKilled(t *testing.T) {
+	s, startCoordinator := startPreemptionSuite(t)
+	env := s.env
+	startCoordinator()
+	low := framework.MakePyTorchJob("low", s.ns, "lq", 1, 2).PriorityClass("low").
+		TemplateAnnotation(v1alpha1.AnnotationCheckpoint, "true").
+		Annotation(v1alpha1.AnnotationCheckpointTimeout, "3s").Obj()
+	for _, rs := range low.Spec.PyTorchReplicaSpecs {
+		rs.Template.Spec.TerminationGracePeriodSeconds = ptr.To[int64](2)
+	}
+	env.MustCreate(t, low)
+	agent := &fakeNodeAgent{env: env, ns: s.ns, job: "low", node: "n1", noContainers: true}
+	agent.run(t)
+	env.Eventually(t, 90*time.Second, "low running on all 4 GPUs", func() (bool, string) {
+		n := 0
+		for _, p := range s.pods(t, "low") {
+			if p.Status.Phase == corev1.PodRunning && p.Annotations[v1alpha1.AnnotationDevices] != "" {
+				n++
+			}
+		}
+		return n == 2, fmt.Sprintf("%d of 2 pods running with devices", n)
+	})
+
+	// The node's kubelet goes away: kwok no longer acts for it.
+	env.SetKubelet(t, "n1", false)
+
+	w := s.watchHandover(t)
+
+	env.MustCreate(t, framework.MakePyTorchJob("high", s.ns, "lq", 1, 2).PriorityClass("high").Obj())
+	env.Eventually(t, 90*time.Second, "victim Terminating with its pods stuck", func() (bool, string) {
+		st, _ := s.state(t, "low")
+		stuck := 0
+		for _, p := range s.pods(t, "low") {
+			if p.DeletionTimestamp != nil {
+				stuck++
+			}
+		}
+		return st.Phase == ladder.PhaseTerminating && stuck == 2, fmt.Sprintf("phases %v, %d pods terminating", phasesOf(st), stuck)
+	})
+	env.Eventually(t, 60*time.Second, "victim preemption Done", func() (bool, string) {
+		st, _ := s.state(t, "low")
+		return st.Phase == ladder.PhaseDone, fmt.Sprintf("phases %v, %d pods left", phasesOf(st), len(s.pods(t, "low")))
+	})
+	done, wl := s.state(t, "low")
+	raw, _ := json.Marshal(done)
+	t.Logf("victim's %s: %s", v1alpha1.AnnotationPreemptionPhase, raw)
+	want := []ladder.Phase{ladder.PhaseCheckpointing, ladder.PhaseTerminating, ladder.PhaseKilling, ladder.PhaseDone}
+	if got := phasesOf(done); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("phases %v, want %v", got, want)
+	}
+	// Killing starts only once the longest grace (2 s) + slack (5 s) after
+	// Terminating has passed: the kubelet's own SIGKILL gets its chance first.
+	if at := phaseAt(done, ladder.PhaseKilling).Sub(phaseAt(done, ladder.PhaseTerminating)); at < 7*time.Second {
+		t.Errorf("Killing %s after Terminating, before grace + slack (7s)", at)
+	}
+	if len(done.Outcomes) != 2 {
+		t.Errorf("outcomes %v, want both ranks", done.Outcomes)
+	}
+	for rank, o := range done.Outcomes {
+		if o != ladder.OutcomeKilled {
+			t.Errorf("rank %s outcome %s, want %s", rank, o, ladder.OutcomeKilled)
+		}
+	}
+	for _, reason := range []string{preemption.EventCheckpointing, preemption.EventTerminating, preemption.EventKilling, preemption.EventDone} {
+		if n := s.eventCount(t, wl.Name, reason); n != 1 {
+			t.Errorf("%d %s Events on the workload, want 1", n, reason)
+		}
+	}
+	var job kftraining.PyTorchJob
+	if err := env.Client.Get(env.Ctx, client.ObjectKey{Namespace: s.ns, Name: "low"}, &job); err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := job.Annotations[v1alpha1.AnnotationLastConsistentCheckpoint]; ok {
+		t.Errorf("job claims checkpoint step %q though no rank saved", got)
+	}
+
+	// The node comes back; the preemptor runs there.
+	env.SetKubelet(t, "n1", true)
+	s.waitRunning(t, "high", 2)
+	if lowGoneAt, violation := w.result(); violation != "" {
+		t.Error(violation)
+	} else if lowGoneAt.IsZero() {
+		t.Error("never saw the victim's pods gone")
+	}
+}
+
+func phaseAt(st ladder.State, p ladder.Phase) time.Time {
+	for _, tr := range st.Transitions {
+		if tr.Phase == p {
+			return tr.At
+		}
+	}
+	return time.Time{}
+}
+
+// handover records, while a test runs, whether a pod of the preemptor
+// ("high") was ever bound to a node while a pod of the victim ("low")
+// existed, and when the victim's pods were first all gone.
+type handover struct {
+	mu        sync.Mutex
+	violation string
+	lowGoneAt time.Time
+}
+
+func (h *handover) result() (time.Time, string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.lowGoneAt, h.violation
+}
+
+func (s *suite) watchHandover(t *testing.T) *handover {
+	h := &handover{}
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+			var lows, highs corev1.PodList
+			if s.env.Client.List(s.env.Ctx, &lows, client.InNamespace(s.ns), client.MatchingLabels{jobNameLabel: "low"}) != nil ||
+				s.env.Client.List(s.env.Ctx, &highs, client.InNamespace(s.ns), client.MatchingLabels{jobNameLabel: "high"}) != nil {
+				continue
+			}
+			h.mu.Lock()
+			if len(lows.Items) == 0 && h.lowGoneAt.IsZero() {
+				h.lowGoneAt = time.Now()
+			}
+			for _, p := range highs.Items {
+				if p.Spec.NodeName != "" && len(lows.Items) > 0 && h.violation == "" {
+					h.violation = fmt.Sprintf("preemptor pod %s bound to %s while victim pods %s still exist", p.Name, p.Spec.NodeName, podNames(lows.Items))
+				}
+			}
+			h.mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() { close(stop); <-done })
+	return h
+}
+
+// waitRunning waits until n pods of a job run.
+func (s *suite) waitRunning(t *testing.T, job string, n int) {
+	t.Helper()
+	s.env.Eventually(t, 90*time.Second, job+" running", func() (bool, string) {
+		running := 0
+		for _, p := range s.pods(t, job) {
+			if p.Status.Phase == corev1.PodRunning {
+				running++
+			}
+		}
+		return running == n, fmt.Sprintf("%d of %d running", running, n)
+	})
 }
