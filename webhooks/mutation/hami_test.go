@@ -424,7 +424,8 @@ func TestHAMiModeJobTemplates(t *testing.T) {
 	t.Run("Job", func(t *testing.T) {
 		j := makeJob(map[string]string{hpct: "25"}, template(map[string]string{}, makeCtr("c").gpus("1").env(v1alpha1.EnvLDPreload, "/evil.so").obj()))
 		j.Spec.Template.Spec.NodeSelector = map[string]string{flavors.LabelGPUProduct: h100}
-		if _, err := m.Job(j); err != nil {
+		w, err := m.Job(j)
+		if err != nil {
 			t.Fatal(err)
 		}
 		c := j.Spec.Template.Spec.Containers[0]
@@ -435,9 +436,9 @@ func TestHAMiModeJobTemplates(t *testing.T) {
 		if d := cmp.Diff(want, c.Resources.Requests); d != "" {
 			t.Errorf("requests (-want +got):\n%s", d)
 		}
-		// Jobs keep their env: their pods pass the Pod webhook, which strips it.
-		if len(c.Env) != 1 {
-			t.Errorf("job template env = %v", c.Env)
+		// The tenant's env goes at the job's creation, with the warning.
+		if len(c.Env) != 0 || len(w) != 1 || !strings.Contains(w[0], "pod template: container \"c\": removed LD_PRELOAD") {
+			t.Errorf("job template env = %v, warnings %q", c.Env, w)
 		}
 		again := j.DeepCopy()
 		if w, err := m.Job(again); err != nil || len(w) != 0 || !equality.Semantic.DeepEqual(j, again) {

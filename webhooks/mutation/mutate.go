@@ -289,6 +289,11 @@ func (m *Mutator) PyTorchJob(j *kftraining.PyTorchJob) ([]string, error) {
 			return warn, err
 		}
 		warn = append(warn, r.warn...)
+		w, err := m.ownTemplateEnv("replica "+rt, &rs.Template, r.reqs)
+		warn = append(warn, w...)
+		if err != nil {
+			return warn, err
+		}
 		anyGPU = anyGPU || r.anyGPU
 	}
 	if err := jobLevelNeedsGPU(j.Annotations, anyGPU); err != nil {
@@ -310,7 +315,12 @@ func (m *Mutator) Job(j *batchv1.Job) ([]string, error) {
 	if err != nil {
 		return r.warn, err
 	}
-	return r.warn, jobLevelNeedsGPU(j.Annotations, r.anyGPU)
+	w, err := m.ownTemplateEnv("pod template", &j.Spec.Template, r.reqs)
+	warn := append(r.warn, w...)
+	if err != nil {
+		return warn, err
+	}
+	return warn, jobLevelNeedsGPU(j.Annotations, r.anyGPU)
 }
 
 func nonNil(m map[string]string) map[string]string {
@@ -426,6 +436,34 @@ func (m *Mutator) ownEnv(c *corev1.Container, req gpureq.Request) ([]string, err
 	if req.Kind == gpureq.Converted {
 		want = m.hookEnv(c, req)
 	}
+	return m.replaceOwnedEnv(c, want)
+}
+
+// ownTemplateEnv applies the env policy to a job's pod template at the
+// job's creation, so the warning (or the denial) reaches whoever applies the
+// job — not the controller that later creates its pods, where a warning is
+// lost and a denial leaves the job without pods for ever. gpupack sets its
+// own values per pod, so every owned key in a template is the tenant's.
+func (m *Mutator) ownTemplateEnv(where string, t *corev1.PodTemplateSpec, reqs []gpureq.Request) ([]string, error) {
+	var warn []string
+	for i, req := range reqs {
+		if req.Kind == gpureq.NoGPU {
+			continue
+		}
+		w, err := m.replaceOwnedEnv(&t.Spec.Containers[i], nil)
+		if err != nil {
+			return warn, fmt.Errorf("%s: %w", where, err)
+		}
+		for _, x := range w {
+			warn = append(warn, where+": "+x)
+		}
+	}
+	return warn, nil
+}
+
+// replaceOwnedEnv removes the owned keys of c that are not in want (warning,
+// or an error under EnvPolicyDeny) and adds want.
+func (m *Mutator) replaceOwnedEnv(c *corev1.Container, want []corev1.EnvVar) ([]string, error) {
 	ours := make(map[string]corev1.EnvVar, len(want))
 	for _, e := range want {
 		ours[e.Name] = e
@@ -454,6 +492,9 @@ func (m *Mutator) ownEnv(c *corev1.Container, req gpureq.Request) ([]string, err
 		if !placed[w.Name] {
 			kept = append(kept, w)
 		}
+	}
+	if len(kept) == 0 {
+		kept = nil // as decoded from JSON: an unchanged container stays equal
 	}
 	c.Env = kept
 	return warn, nil

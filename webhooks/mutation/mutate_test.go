@@ -1,13 +1,17 @@
 package mutation
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+
+	kftraining "github.com/kubeflow/training-operator/pkg/apis/kubeflow.org/v1"
 
 	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
 	"github.com/gpupack/gpupack/flavors"
@@ -338,4 +342,88 @@ func TestOwnedEnvIncludesDevicehookKnobs(t *testing.T) {
 			t.Errorf("%s should be left to the tenant", k)
 		}
 	}
+}
+
+// Tenant values of the owned env keys in a job's template are handled when
+// the job is applied (warning or denial to kubectl), not when its
+// controller creates pods: a denial there would leave the job without pods.
+func TestJobTemplateOwnedEnv(t *testing.T) {
+	gpuCtr := func() corev1.Container {
+		return makeCtr("trainer").gpus("1").env(v1alpha1.EnvLDPreload, "/evil.so").env(v1alpha1.EnvMemoryLimit, "80g").env("KEEP", "me").obj()
+	}
+	cpuCtr := makeCtr("logger").env(v1alpha1.EnvLDPreload, "/mine.so").obj()
+	mem := map[string]string{v1alpha1.AnnotationGPUMemory: "20Gi"}
+	h100Template := func(cs ...corev1.Container) corev1.PodTemplateSpec {
+		t := template(nil, cs...)
+		t.Spec.NodeSelector = map[string]string{flavors.LabelGPUProduct: h100}
+		return t
+	}
+	envOf := func(c corev1.Container) []string {
+		var out []string
+		for _, e := range c.Env {
+			out = append(out, e.Name+"="+e.Value)
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name  string
+		obj   func() any
+		where string
+	}{
+		{"Job", func() any { return makeJob(mem, h100Template(gpuCtr(), cpuCtr)) }, "pod template"},
+		{"PyTorchJob", func() any {
+			return makePyTorchJob(mem, map[string]corev1.PodTemplateSpec{"Master": h100Template(cpuCtr), "Worker": h100Template(gpuCtr(), cpuCtr)})
+		}, "replica Worker"},
+	} {
+		t.Run(tc.name+"/Strip", func(t *testing.T) {
+			m := mustNew(t, Config{})
+			obj := tc.obj()
+			warn, err := mutateAny(m, obj)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tmpl := templateOf(obj, "Worker")
+			if got := envOf(tmpl.Spec.Containers[0]); fmt.Sprint(got) != "[KEEP=me]" {
+				t.Errorf("GPU container env %v, want only KEEP", got)
+			}
+			if got := envOf(tmpl.Spec.Containers[1]); fmt.Sprint(got) != "[LD_PRELOAD=/mine.so]" {
+				t.Errorf("CPU container env %v, want untouched", got)
+			}
+			want := []string{tc.where + `: container "trainer": removed LD_PRELOAD; gpupack owns it on GPU containers`,
+				tc.where + `: container "trainer": removed CUDA_DEVICE_MEMORY_LIMIT; gpupack owns it on GPU containers`}
+			if d := cmp.Diff(want, warn); d != "" {
+				t.Errorf("warnings (-want +got):\n%s", d)
+			}
+			if w, err := mutateAny(m, obj); err != nil || len(w) != 0 {
+				t.Errorf("second pass: warn %q err %v", w, err)
+			}
+		})
+		t.Run(tc.name+"/Deny", func(t *testing.T) {
+			m := mustNew(t, Config{EnvPolicy: EnvPolicyDeny})
+			_, err := mutateAny(m, tc.obj())
+			if err == nil || !strings.Contains(err.Error(), tc.where+`: container "trainer" sets LD_PRELOAD, which gpupack owns on GPU containers; remove it`) {
+				t.Errorf("err = %v", err)
+			}
+		})
+	}
+}
+
+func mutateAny(m *Mutator, obj any) ([]string, error) {
+	switch o := obj.(type) {
+	case *batchv1.Job:
+		return m.Job(o)
+	case *kftraining.PyTorchJob:
+		return m.PyTorchJob(o)
+	}
+	panic(fmt.Sprintf("%T", obj))
+}
+
+func templateOf(obj any, replica string) *corev1.PodTemplateSpec {
+	switch o := obj.(type) {
+	case *batchv1.Job:
+		return &o.Spec.Template
+	case *kftraining.PyTorchJob:
+		return &o.Spec.PyTorchReplicaSpecs[kftraining.ReplicaType(replica)].Template
+	}
+	panic(fmt.Sprintf("%T", obj))
 }

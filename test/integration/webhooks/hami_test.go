@@ -7,8 +7,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kftraining "github.com/kubeflow/training-operator/pkg/apis/kubeflow.org/v1"
@@ -88,13 +86,7 @@ func TestHAMiMode(t *testing.T) {
 	})
 
 	t.Run("pod: HAMi resources, no gpupack hook, tenant env stripped", func(t *testing.T) {
-		var w warnings
-		cfg := rest.CopyConfig(env.Config)
-		cfg.WarningHandler = &w
-		cs, err := kubernetes.NewForConfig(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
+		cs, w := warningClient(t, env)
 		c := corev1.Container{Resources: limits(v1alpha1.ResourceNvidiaGPU, "2"), Env: []corev1.EnvVar{
 			{Name: "LD_PRELOAD", Value: "/home/me/unlimited.so"}, {Name: "CUDA_DEVICE_MEMORY_LIMIT_0", Value: "80g"},
 			{Name: "CUDA_DISABLE_CONTROL", Value: "true"}, {Name: "NVIDIA_VISIBLE_DEVICES", Value: "all"}, {Name: "KEEP", Value: "me"},

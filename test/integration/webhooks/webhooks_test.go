@@ -126,13 +126,7 @@ func TestWebhooks(t *testing.T) {
 	})
 
 	t.Run("tenant env never survives", func(t *testing.T) {
-		var w warnings
-		cfg := rest.CopyConfig(env.Config)
-		cfg.WarningHandler = &w
-		cs, err := kubernetes.NewForConfig(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
+		cs, w := warningClient(t, env)
 		c := corev1.Container{Resources: oneGPU, Env: []corev1.EnvVar{
 			{Name: "LD_PRELOAD", Value: "/home/me/unlimited.so"}, {Name: "CUDA_DEVICE_MEMORY_LIMIT", Value: "80g"},
 			{Name: "CUDA_DEVICE_MEMORY_LIMIT_0", Value: "80g"}, {Name: "CUDA_DISABLE_CONTROL", Value: "true"},
@@ -165,6 +159,28 @@ func TestWebhooks(t *testing.T) {
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		if all := strings.Join(w.msg, "\n"); !strings.Contains(all, "removed LD_PRELOAD") || !strings.Contains(all, "removed CUDA_DISABLE_CONTROL") {
+			t.Errorf("kubectl warnings = %q", w.msg)
+		}
+	})
+
+	t.Run("tenant env in a job template is answered at apply", func(t *testing.T) {
+		cs, w := warningClient(t, env)
+		j := unqueued(framework.MakeJob("tenant-job", ns, "", 1, 1).TemplateAnnotation(v1alpha1.AnnotationGPUMemory, "20Gi").Obj())
+		j.Spec.Template.Spec.NodeSelector = map[string]string{flavors.LabelGPUProduct: "NVIDIA-H100-80GB-HBM3"}
+		c := &j.Spec.Template.Spec.Containers[0]
+		c.Env = append(c.Env, corev1.EnvVar{Name: "LD_PRELOAD", Value: "/home/me/unlimited.so"}, corev1.EnvVar{Name: "KEEP", Value: "me"})
+		got, err := cs.BatchV1().Jobs(ns).Create(ctx, j, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range got.Spec.Template.Spec.Containers[0].Env {
+			if e.Name == "LD_PRELOAD" {
+				t.Errorf("stored job template keeps LD_PRELOAD=%s", e.Value)
+			}
+		}
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if all := strings.Join(w.msg, "\n"); !strings.Contains(all, `pod template: container "pytorch": removed LD_PRELOAD`) {
 			t.Errorf("kubectl warnings = %q", w.msg)
 		}
 	})
@@ -285,4 +301,18 @@ func expectQuotaFor(t *testing.T, env *framework.Env, ns string, n, want int) {
 	if got, why := reserved(); got != want {
 		t.Errorf("%d jobs hold quota, want exactly %d: %s", got, want, why)
 	}
+}
+
+// warningClient is a clientset whose API warnings (what kubectl prints) are
+// collected in the returned warnings.
+func warningClient(t *testing.T, env *framework.Env) (*kubernetes.Clientset, *warnings) {
+	t.Helper()
+	w := &warnings{}
+	cfg := rest.CopyConfig(env.Config)
+	cfg.WarningHandler = w
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cs, w
 }
