@@ -105,7 +105,24 @@ func MatchConditions(kind string, validating bool) []admissionregistrationv1.Mat
 	if validating {
 		expr = fmt.Sprintf("(%s) || (oldObject != null && (%s))", expr, isGPU(kind, "oldObject"))
 	}
-	return []admissionregistrationv1.MatchCondition{{Name: "asks-for-gpus", Expression: expr}}
+	conds := []admissionregistrationv1.MatchCondition{{Name: "asks-for-gpus", Expression: expr}}
+	if kind == "Pod" && validating {
+		conds = append(conds, admissionregistrationv1.MatchCondition{Name: "creates-or-edits-the-request", Expression: podRequestEdited()})
+	}
+	return conds
+}
+
+// podRequestEdited is true for a pod creation (sent only with
+// ValidatePodCreate) and for an update that changes a request annotation —
+// the one thing the pod validator refuses on update. GPU pods are updated
+// often (the ungater lifts its gate, Kueue and operators relabel them); none
+// of that needs a round trip. Absent and empty annotations differ, as they
+// do for the validator.
+func podRequestEdited() string {
+	val := func(v string) string {
+		return fmt.Sprintf("(has(%[1]s.metadata.annotations) && k in %[1]s.metadata.annotations ? 'set:' + %[1]s.metadata.annotations[k] : 'unset')", v)
+	}
+	return fmt.Sprintf("request.operation == 'CREATE' || (object != null && oldObject != null && %s.exists(k, %s != %s))", celList(gpureq.RequestKeys), val("object"), val("oldObject"))
 }
 
 type target struct {

@@ -266,6 +266,20 @@ func TestWebhooks(t *testing.T) {
 		if err := env.Client.Create(ctx, gpuJob); err == nil || !strings.Contains(err.Error(), "failed calling webhook") {
 			t.Errorf("GPU Job with the webhook down: %v, want rejection", err)
 		}
+		// Updates of a GPU pod reach the webhook only when they edit the
+		// request: a relabel goes through while it is down, an edit does not.
+		var p corev1.Pod
+		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "edit"}, &p); err != nil {
+			t.Fatal(err)
+		}
+		p.Labels = map[string]string{"relabelled": "yes"}
+		if err := env.Client.Update(ctx, &p); err != nil {
+			t.Errorf("relabelling a GPU pod with the webhook down: %v", err)
+		}
+		p.Annotations[v1alpha1.AnnotationGPUMemory] = "2Gi"
+		if err := env.Client.Update(ctx, &p); err == nil || !strings.Contains(err.Error(), "failed calling webhook") {
+			t.Errorf("editing a GPU pod's request with the webhook down: %v, want rejection", err)
+		}
 	})
 }
 
