@@ -1,6 +1,7 @@
 package mutation
 
 import (
+	"encoding/json"
 	"fmt"
 	"sort"
 
@@ -123,6 +124,9 @@ func runningMsg(k string) error {
 // ValidateJobUpdate refuses edits of the request annotations on a job that
 // is not suspended (Kueue keeps jobs suspended until admission).
 func (m *Mutator) ValidateJobUpdate(old, cur *batchv1.Job) error {
+	if err := m.ownedEnvAdded("pod template", nonNil(cur.Annotations), &old.Spec.Template, &cur.Spec.Template); err != nil {
+		return err
+	}
 	k, ok := changed(old.Annotations, cur.Annotations)
 	if !ok {
 		k, ok = changed(old.Spec.Template.Annotations, cur.Spec.Template.Annotations)
@@ -138,6 +142,19 @@ func (m *Mutator) ValidateJobUpdate(old, cur *batchv1.Job) error {
 
 // ValidatePyTorchJobUpdate is ValidateJobUpdate for PyTorchJobs.
 func (m *Mutator) ValidatePyTorchJobUpdate(old, cur *kftraining.PyTorchJob) error {
+	for _, rt := range replicaTypes(cur) {
+		o, c := old.Spec.PyTorchReplicaSpecs[rt], cur.Spec.PyTorchReplicaSpecs[rt]
+		if c == nil {
+			continue
+		}
+		var ot *corev1.PodTemplateSpec
+		if o != nil {
+			ot = &o.Template
+		}
+		if err := m.ownedEnvAdded("replica "+string(rt), nonNil(cur.Annotations), ot, &c.Template); err != nil {
+			return err
+		}
+	}
 	k, ok := changed(old.Annotations, cur.Annotations)
 	for _, rt := range replicaTypes(cur) {
 		if ok {
@@ -160,4 +177,43 @@ func (m *Mutator) ValidatePyTorchJobUpdate(old, cur *kftraining.PyTorchJob) erro
 		return runningMsg(k)
 	}
 	return m.ValidatePyTorchJob(cur)
+}
+
+// ownedEnvAdded refuses an update that puts an owned env key on a GPU
+// container of a job's template: the mutating webhook strips them when the
+// job is created, and only a validating webhook sees updates, so the edit is
+// refused rather than left for the pods (where a denial leaves the job
+// without pods). Keys already in the old template (a job created before
+// gpupack stripped templates) are left to the pod webhook, so Kueue's and
+// the operators' own updates of such jobs still go through.
+func (m *Mutator) ownedEnvAdded(where string, jobAnn map[string]string, old, cur *corev1.PodTemplateSpec) error {
+	cp := cur.DeepCopy()
+	r, err := m.template(where, jobAnn, cp)
+	if err != nil {
+		return nil // the other checks report it
+	}
+	key := func(container string, e corev1.EnvVar) string {
+		raw, _ := json.Marshal(e)
+		return container + "\x00" + string(raw)
+	}
+	before := map[string]bool{}
+	if old != nil {
+		for _, c := range old.Spec.Containers {
+			for _, e := range c.Env {
+				before[key(c.Name, e)] = true
+			}
+		}
+	}
+	for i, req := range r.reqs {
+		if req.Kind == gpureq.NoGPU {
+			continue
+		}
+		c := cur.Spec.Containers[i]
+		for _, e := range c.Env {
+			if owned(e.Name) && !before[key(c.Name, e)] {
+				return fmt.Errorf("%s: container %q sets %s, which gpupack owns on GPU containers; remove it", where, c.Name, e.Name)
+			}
+		}
+	}
+	return nil
 }

@@ -180,3 +180,46 @@ func TestParseConfig(t *testing.T) {
 		}
 	}
 }
+
+// An owned env key put into a job's template by an update is refused (only
+// the validating webhook sees updates); keys the old template already had
+// (a job from before templates were stripped) do not block Kueue's or the
+// operators' updates.
+func TestJobUpdateAddingOwnedEnv(t *testing.T) {
+	m := mustNew(t, Config{})
+	h100Template := func(cs ...corev1.Container) corev1.PodTemplateSpec {
+		t := template(nil, cs...)
+		t.Spec.NodeSelector = map[string]string{flavors.LabelGPUProduct: h100}
+		return t
+	}
+	mem := map[string]string{v1alpha1.AnnotationGPUMemory: "20Gi"}
+	clean := makeCtr("trainer").gpus("1").obj()
+	tenant := makeCtr("trainer").gpus("1").env(v1alpha1.EnvLDPreload, "/evil.so").obj()
+	cpu := makeCtr("logger").env(v1alpha1.EnvLDPreload, "/mine.so").obj()
+	for _, tc := range []struct {
+		name     string
+		old, cur corev1.Container
+		wantErr  bool
+	}{
+		{"added on the GPU container", clean, tenant, true},
+		{"already there (older job), unchanged", tenant, tenant, false},
+		{"changed value", tenant, makeCtr("trainer").gpus("1").env(v1alpha1.EnvLDPreload, "/other.so").obj(), true},
+		{"nothing owned", clean, clean, false},
+	} {
+		t.Run("Job/"+tc.name, func(t *testing.T) {
+			old, cur := makeJob(mem, h100Template(tc.old, cpu)), makeJob(mem, h100Template(tc.cur, cpu))
+			err := m.ValidateJobUpdate(old, cur)
+			if tc.wantErr != (err != nil) || (err != nil && !strings.Contains(err.Error(), `pod template: container "trainer" sets LD_PRELOAD, which gpupack owns on GPU containers; remove it`)) {
+				t.Errorf("err = %v, want error %v", err, tc.wantErr)
+			}
+		})
+		t.Run("PyTorchJob/"+tc.name, func(t *testing.T) {
+			old := makePyTorchJob(mem, map[string]corev1.PodTemplateSpec{"Master": h100Template(cpu), "Worker": h100Template(tc.old, cpu)})
+			cur := makePyTorchJob(mem, map[string]corev1.PodTemplateSpec{"Master": h100Template(cpu), "Worker": h100Template(tc.cur, cpu)})
+			err := m.ValidatePyTorchJobUpdate(old, cur)
+			if tc.wantErr != (err != nil) || (err != nil && !strings.Contains(err.Error(), `replica Worker: container "trainer" sets LD_PRELOAD`)) {
+				t.Errorf("err = %v, want error %v", err, tc.wantErr)
+			}
+		})
+	}
+}

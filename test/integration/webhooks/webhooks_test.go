@@ -22,6 +22,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	kueue "sigs.k8s.io/kueue/apis/kueue/v1beta2"
 
+	kftraining "github.com/kubeflow/training-operator/pkg/apis/kubeflow.org/v1"
+
 	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
 	"github.com/gpupack/gpupack/flavors"
 	"github.com/gpupack/gpupack/test/framework"
@@ -116,6 +118,16 @@ func TestWebhooks(t *testing.T) {
 		run.Annotations[v1alpha1.AnnotationGPUMemory] = "2Gi"
 		if err := env.Client.Update(ctx, run); err == nil || !strings.Contains(err.Error(), "cannot change while the job runs") {
 			t.Errorf("edit of a running job: %v", err)
+		}
+		// A tenant's hook env slipped into a PyTorchJob by an update (a
+		// batch Job's template is immutable; a PyTorchJob's is not).
+		pt := framework.MakePyTorchJob("edited", ns, "", 1, 1).WorkersOnly().Annotation(v1alpha1.AnnotationGPUMemory, "1Gi").Obj()
+		delete(pt.Labels, "kueue.x-k8s.io/queue-name")
+		env.MustCreate(t, pt)
+		w := pt.Spec.PyTorchReplicaSpecs[kftraining.PyTorchJobReplicaTypeWorker]
+		w.Template.Spec.Containers[0].Env = append(w.Template.Spec.Containers[0].Env, corev1.EnvVar{Name: "LD_PRELOAD", Value: "/evil.so"})
+		if err := env.Client.Update(ctx, pt); err == nil || !strings.Contains(err.Error(), `replica Worker: container "pytorch" sets LD_PRELOAD, which gpupack owns`) {
+			t.Errorf("LD_PRELOAD added to a PyTorchJob: %v", err)
 		}
 		p := gpuPod(ns, "edit", map[string]string{v1alpha1.AnnotationGPUMemory: "1Gi"}, corev1.Container{Resources: oneGPU})
 		env.MustCreate(t, p)
@@ -315,6 +327,21 @@ func expectQuotaFor(t *testing.T, env *framework.Env, ns string, n, want int) {
 	if got, why := reserved(); got != want {
 		t.Errorf("%d jobs hold quota, want exactly %d: %s", got, want, why)
 	}
+	// Kueue starts the admitted ones: its update of each job (unsuspend,
+	// pod set updates) passes gpupack's validating webhook.
+	env.Eventually(t, 30*time.Second, fmt.Sprintf("%d jobs started by Kueue", want), func() (bool, string) {
+		started := 0
+		for i := 0; i < n; i++ {
+			var pt kftraining.PyTorchJob
+			if err := env.Client.Get(env.Ctx, client.ObjectKey{Namespace: ns, Name: fmt.Sprintf("pt-%d", i)}, &pt); err != nil {
+				return false, err.Error()
+			}
+			if s := pt.Spec.RunPolicy.Suspend; s != nil && !*s {
+				started++
+			}
+		}
+		return started == want, fmt.Sprintf("%d started", started)
+	})
 }
 
 // warningClient is a clientset whose API warnings (what kubectl prints) are
