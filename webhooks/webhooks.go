@@ -64,12 +64,12 @@ func Setup(mgr ctrl.Manager, cfg Config) error {
 // PyTorchJob of a pod (for GPUPACK_RESUME_STEP); nil skips that.
 func Handlers(m *mutation.Mutator, owners client.Reader) map[string]admission.Handler {
 	return map[string]admission.Handler{
-		PathMutatePod:         &podMutator{m: m, owners: owners},
-		PathValidatePod:       &podValidator{m: m},
-		PathMutateJob:         &jobMutator{m: m},
-		PathValidateJob:       &jobValidator{m: m},
-		PathMutatePyTorchJob:  &ptMutator{m: m},
-		PathValidatePyTorchJb: &ptValidator{m: m},
+		PathMutatePod:         instrumented{"mutating", "Pod", &podMutator{m: m, owners: owners}},
+		PathValidatePod:       instrumented{"validating", "Pod", &podValidator{m: m}},
+		PathMutateJob:         instrumented{"mutating", "Job", &jobMutator{m: m}},
+		PathValidateJob:       instrumented{"validating", "Job", &jobValidator{m: m}},
+		PathMutatePyTorchJob:  instrumented{"mutating", "PyTorchJob", &ptMutator{m: m}},
+		PathValidatePyTorchJb: instrumented{"validating", "PyTorchJob", &ptValidator{m: m}},
 	}
 }
 

@@ -141,13 +141,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	}
 	planName := pod.Annotations[v1alpha1.AnnotationPlan]
 	if planName == "" {
-		r.Recorder.Eventf(pod, corev1.EventTypeWarning, EventPlanMissing, "pod carries gate %s but no %s annotation; it stays gated", v1alpha1.SchedulingGatePlacement, v1alpha1.AnnotationPlan)
+		r.record(pod, corev1.EventTypeWarning, EventPlanMissing, "pod carries gate %s but no %s annotation; it stays gated", v1alpha1.SchedulingGatePlacement, v1alpha1.AnnotationPlan)
 		return reconcile.Result{}, nil
 	}
 	plan := &v1alpha1.GPUPlan{}
 	err := r.Client.Get(ctx, types.NamespacedName{Namespace: pod.Namespace, Name: planName}, plan)
 	if apierrors.IsNotFound(err) || (err == nil && plan.Status.Phase == v1alpha1.PlanReleased) {
-		r.Recorder.Eventf(pod, corev1.EventTypeWarning, EventPlanMissing, "GPUPlan %s is gone (workload evicted or finished?); pod stays gated", planName)
+		r.record(pod, corev1.EventTypeWarning, EventPlanMissing, "GPUPlan %s is gone (workload evicted or finished?); pod stays gated", planName)
 		return reconcile.Result{}, nil
 	}
 	if err != nil {
@@ -187,10 +187,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	})
 	switch {
 	case errors.Is(err, ErrSlotBusy):
-		r.Recorder.Eventf(pod, corev1.EventTypeNormal, EventWaiting, "GPUPlan %s: %v; waiting for it to go", plan.Name, err)
+		r.record(pod, corev1.EventTypeNormal, EventWaiting, "GPUPlan %s: %v; waiting for it to go", plan.Name, err)
 		return reconcile.Result{RequeueAfter: BusyRetry}, nil
 	case errors.Is(err, ErrNoSlot):
-		r.Recorder.Eventf(pod, corev1.EventTypeWarning, EventNoSlot, "GPUPlan %s: %v; pod stays gated", plan.Name, err)
+		r.record(pod, corev1.EventTypeWarning, EventNoSlot, "GPUPlan %s: %v; pod stays gated", plan.Name, err)
 		return reconcile.Result{}, nil
 	case err != nil:
 		return reconcile.Result{}, err
@@ -212,7 +212,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
 	log.V(2).Info("placed pod", "plan", plan.Name, "node", slot.Node, "devices", devices)
-	r.Recorder.Eventf(pod, corev1.EventTypeNormal, EventPlaced, "GPUPlan %s slot %s[%d]: node %s, GPUs %s", plan.Name, slot.PodSet, slot.Index, slot.Node, devices)
+	r.record(pod, corev1.EventTypeNormal, EventPlaced, "GPUPlan %s slot %s[%d]: node %s, GPUs %s", plan.Name, slot.PodSet, slot.Index, slot.Node, devices)
 	return reconcile.Result{}, nil
 }
 
@@ -290,4 +290,11 @@ func hasFieldReq(t corev1.NodeSelectorTerm, r corev1.NodeSelectorRequirement) bo
 		}
 	}
 	return false
+}
+
+// record emits the Event of a placement step and counts it by reason, so a
+// dashboard shows pods waiting on busy slots or stuck without a plan.
+func (r *Reconciler) record(pod *corev1.Pod, eventType, reason, msg string, args ...any) {
+	decisions.WithLabelValues(reason).Inc()
+	r.Recorder.Eventf(pod, eventType, reason, msg, args...)
 }

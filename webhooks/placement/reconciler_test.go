@@ -2,6 +2,7 @@ package placement
 
 import (
 	"context"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"strings"
 	"testing"
 
@@ -71,6 +72,7 @@ func getPod(t *testing.T, c client.Client, name string) *corev1.Pod {
 }
 
 func TestReconcilePlaces(t *testing.T) {
+	placed := testutil.ToFloat64(decisions.WithLabelValues(EventPlaced))
 	r, c, rec := setup(t, testPlan(), gatedPod("w1", "u1", "wl", "1"), gatedPod("w0", "u0", "wl", "0"))
 	reconcilePod(t, r, "w1")
 	reconcilePod(t, r, "w0")
@@ -92,6 +94,9 @@ func TestReconcilePlaces(t *testing.T) {
 	if n := len(rec.Events); n != 2 {
 		t.Errorf("%d events, want 2 Placed", n)
 	}
+	if got := testutil.ToFloat64(decisions.WithLabelValues(EventPlaced)) - placed; got != 2 {
+		t.Errorf("gpupack_placement_decisions_total{result=Placed} +%v, want +2", got)
+	}
 }
 
 func TestReconcileRecreatedPodGetsSlotBack(t *testing.T) {
@@ -110,8 +115,12 @@ func TestReconcileWaitsForPredecessor(t *testing.T) {
 	old := gatedPod("w0-old", "old", "wl", "0")
 	old.Spec.SchedulingGates = nil
 	r, c, _ := setup(t, plan, old, gatedPod("w0-new", "new", "wl", "0"))
+	waiting := testutil.ToFloat64(decisions.WithLabelValues(EventWaiting))
 	if res := reconcilePod(t, r, "w0-new"); res.RequeueAfter == 0 {
 		t.Error("no requeue while the predecessor holds the slot")
+	}
+	if got := testutil.ToFloat64(decisions.WithLabelValues(EventWaiting)) - waiting; got != 1 {
+		t.Errorf("gpupack_placement_decisions_total{result=WaitingForSlot} +%v, want +1", got)
 	}
 	if !hasGate(getPod(t, c, "w0-new"), v1alpha1.SchedulingGatePlacement) {
 		t.Error("ungated while the slot is busy")
