@@ -60,7 +60,8 @@ func TestPodCreateThroughput(t *testing.T) {
 	}, opts)
 
 	type variant struct{ name, ns string }
-	variants := []variant{{name: "no webhook"}, {name: "gpupack (default)"}, {name: "gpupack, ValidatePodCreate"}, {name: "allow-all mutating"}, {name: "mutating, one-label patch"}, {name: "allow-all mutating + validating"}}
+	variants := []variant{{name: "no webhook"}, {name: "gpupack (default)"}, {name: "gpupack, ValidatePodCreate"}, {name: "allow-all mutating"}, {name: "mutating, one-label patch"}, {name: "allow-all mutating + validating"},
+		{name: "in-process MutatingAdmissionPolicy, one-label patch"}}
 	for i := range variants {
 		variants[i].ns = env.Namespace(t, fmt.Sprintf("v%d", i))
 	}
@@ -91,8 +92,32 @@ func TestPodCreateThroughput(t *testing.T) {
 	objs = append(objs, scoped("label-", variants[4].ns, "/label", false, false)...)
 	objs = append(objs, scoped("allow2-", variants[5].ns, "/allow", false, true)...)
 	env.InstallWebhooks(t, opts, objs...)
-
+	// The same one-label mutation without any webhook: a CEL policy the
+	// apiserver applies in-process (no round trip, no JSON review), which
+	// bounds what any pod mutation at creation costs here.
+	fail := admissionregistrationv1.Fail
+	scope := admissionregistrationv1.NamespacedScope
+	env.MustCreate(t, &admissionregistrationv1.MutatingAdmissionPolicy{ObjectMeta: metav1.ObjectMeta{Name: "label"}, Spec: admissionregistrationv1.MutatingAdmissionPolicySpec{
+		MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{RuleWithOperations: admissionregistrationv1.RuleWithOperations{
+			Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
+			Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}, Scope: &scope}}}}},
+		MatchConditions:    webhooks.MatchConditions("Pod", false),
+		FailurePolicy:      &fail,
+		ReinvocationPolicy: admissionregistrationv1.NeverReinvocationPolicy,
+		Mutations: []admissionregistrationv1.Mutation{{PatchType: admissionregistrationv1.PatchTypeApplyConfiguration, ApplyConfiguration: &admissionregistrationv1.ApplyConfiguration{
+			Expression: `Object{metadata: Object.metadata{labels: {"patched": "true"}}}`}}},
+	}})
+	env.MustCreate(t, &admissionregistrationv1.MutatingAdmissionPolicyBinding{ObjectMeta: metav1.ObjectMeta{Name: "label"}, Spec: admissionregistrationv1.MutatingAdmissionPolicyBindingSpec{
+		PolicyName: "label", MatchResources: &admissionregistrationv1.MatchResources{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": variants[6].ns}}}}})
 	oneGPU := limits(v1alpha1.ResourceNvidiaGPU, "1")
+	env.Eventually(t, 30*time.Second, "the policy applies", func() (bool, string) {
+		p := gpuPod(variants[6].ns, fmt.Sprintf("probe-%d", time.Now().UnixNano()), map[string]string{v1alpha1.AnnotationGPUMemory: "20Gi"}, corev1.Container{Resources: oneGPU})
+		if err := env.Client.Create(env.Ctx, p); err != nil {
+			return false, err.Error()
+		}
+		return p.Labels["patched"] == "true", fmt.Sprint(p.Labels)
+	})
+
 	create := func(ns string, from, n int) time.Duration {
 		var next atomic.Int64
 		next.Store(int64(from))
