@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/gpupack/gpupack/test/testenv"
 )
 
 // Every way a program reaches the driver (see testprog/hooktest.c).
@@ -203,9 +205,7 @@ func TestDlsymRTLDNextStaysCallerRelative(t *testing.T) {
 // /etc/ld.so.preload loading, in a private mount namespace with an overlay
 // on /etc so the host's /etc is never touched.
 func TestEtcLdSoPreload(t *testing.T) {
-	if _, err := exec.LookPath("unshare"); err != nil {
-		t.Skip("unshare not installed; /etc/ld.so.preload loading is covered on GPU nodes only")
-	}
+	testenv.Command(t, "unshare", "loads the hook through /etc/ld.so.preload in a private mount namespace")
 	probe := exec.Command("unshare", "-m", "-r", "true")
 	if err := probe.Run(); err != nil {
 		t.Skipf("no unprivileged mount namespaces here (%v); /etc/ld.so.preload loading untested", err)

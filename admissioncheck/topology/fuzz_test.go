@@ -15,7 +15,7 @@ func FuzzHyperNodeName(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, tier int, level, value string) {
 		if tier < 1 || tier > 16 {
-			t.Skip()
+			t.Skip("not a HyperNode tier (1–16): outside HyperNodeName's domain")
 		}
 		name := HyperNodeName(tier, level, value)
 		if errs := validation.IsDNS1123Label(name); len(errs) > 0 {

@@ -22,6 +22,7 @@ import (
 
 	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
 	"github.com/gpupack/gpupack/checkpoint/manifest"
+	"github.com/gpupack/gpupack/test/testenv"
 )
 
 const envRunAgent = "GPUPACK_TEST_RUN_AGENT"
@@ -35,11 +36,7 @@ func TestMain(m *testing.M) {
 
 func python(t *testing.T) string {
 	t.Helper()
-	p, err := exec.LookPath("python3")
-	if err != nil {
-		t.Skip("python3 not installed")
-	}
-	return p
+	return testenv.Command(t, "python3", "runs the Python checkpoint helper")
 }
 
 func trainerPath(t *testing.T) string {

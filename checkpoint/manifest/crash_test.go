@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/gpupack/gpupack/test/testenv"
 )
 
 const envSaveLoop = "GPUPACK_TEST_SAVE_LOOP"
@@ -66,11 +68,7 @@ func pythonDir(t *testing.T) string {
 
 func python3(t *testing.T) string {
 	t.Helper()
-	p, err := exec.LookPath("python3")
-	if err != nil {
-		t.Skip("python3 not installed")
-	}
-	return p
+	return testenv.Command(t, "python3", "runs the Python manifest writer")
 }
 
 // pyLatest runs the Python reader.

@@ -5,6 +5,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+
+	"github.com/gpupack/gpupack/test/testenv"
 )
 
 // TestParseRegionFromHook checks the reader against the hook's real layout:
@@ -15,10 +17,7 @@ func TestParseRegionFromHook(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(src, "region.c")); err != nil {
 		t.Skipf("devicehook/src/region.c not present: %v", err)
 	}
-	gcc, err := exec.LookPath("gcc")
-	if err != nil {
-		t.Skip("gcc not installed")
-	}
+	gcc := testenv.Command(t, "gcc", "builds devicehook's region code to check the reader against")
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "writer")
 	out, err := exec.Command(gcc, "-std=gnu11", "-O1", "-I", src,
