@@ -178,11 +178,7 @@ func seedWithGpupack(t *demoTB, env *framework.Env) {
 		Spec: v1alpha1.GangFitParametersSpec{RetryBackoff: v1alpha1.RetryBackoff{MinSeconds: ptr.To[int32](1), MaxSeconds: ptr.To[int32](5)}}})
 	env.MustCreate(t, framework.MakeGangFitCheck("gang-fit", "gang-fit"))
 	env.StartManager(t, func(mgr ctrl.Manager) error { return admissioncheck.Setup(mgr, admissioncheck.Options{}) })
-	env.Eventually(t, 30*time.Second, "check Active", func() (bool, string) {
-		var ac kueue.AdmissionCheck
-		_ = env.Client.Get(env.Ctx, client.ObjectKey{Name: "gang-fit"}, &ac)
-		return apimeta.IsStatusConditionTrue(ac.Status.Conditions, kueue.AdmissionCheckActive), ""
-	})
+	env.WaitForAdmissionCheckActive(t, "gang-fit")
 	env.MustCreate(t, framework.MakeResourceFlavor("gpu"))
 	env.MustCreate(t, framework.MakeClusterQueue("gpu").GPUFlavor("gpu", 16, framework.H100).AdmissionChecks("gang-fit").Obj())
 	ns := env.Namespace(t, "with-gpupack")

@@ -70,6 +70,19 @@ func (e *Env) SetAdmissionCheckActive(t TB, name string) {
 	}
 }
 
+// WaitForAdmissionCheckActive waits until the check's controller has set
+// the AdmissionCheck Active (a ClusterQueue using it is not active before).
+func (e *Env) WaitForAdmissionCheckActive(t TB, name string) {
+	t.Helper()
+	e.Eventually(t, 30*time.Second, name+" check Active", func() (bool, string) {
+		var ac kueue.AdmissionCheck
+		if err := e.Client.Get(e.Ctx, client.ObjectKey{Name: name}, &ac); err != nil {
+			return false, err.Error()
+		}
+		return apimeta.IsStatusConditionTrue(ac.Status.Conditions, kueue.AdmissionCheckActive), fmt.Sprint(ac.Status.Conditions)
+	})
+}
+
 // WorkloadOf returns the Workload Kueue created for a job (by owner
 // reference), or nil.
 func (e *Env) WorkloadOf(ns, ownerName, ownerKind string) (*kueue.Workload, error) {

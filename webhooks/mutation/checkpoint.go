@@ -151,13 +151,7 @@ func (m *Mutator) wrapCheckpoint(p *corev1.Pod, reqs []gpureq.Request) error {
 }
 
 func addMount(c *corev1.Container, vm corev1.VolumeMount) {
-	for i := range c.VolumeMounts {
-		if c.VolumeMounts[i].MountPath == vm.MountPath {
-			c.VolumeMounts[i] = vm
-			return
-		}
-	}
-	c.VolumeMounts = append(c.VolumeMounts, vm)
+	c.VolumeMounts = upsert(c.VolumeMounts, vm, func(x corev1.VolumeMount) bool { return x.MountPath == vm.MountPath })
 }
 
 func addEnvIfAbsent(c *corev1.Container, e corev1.EnvVar) {

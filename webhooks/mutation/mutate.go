@@ -512,14 +512,20 @@ func envEqual(a, b corev1.EnvVar) bool {
 		a.ValueFrom.SecretKeyRef == nil && b.ValueFrom.SecretKeyRef == nil && a.ValueFrom.ResourceFieldRef == nil && b.ValueFrom.ResourceFieldRef == nil
 }
 
-func setEnv(c *corev1.Container, e corev1.EnvVar) {
-	for i := range c.Env {
-		if c.Env[i].Name == e.Name {
-			c.Env[i] = e
-			return
+// upsert replaces the first element of list that is the same as v (by
+// name or path), or appends v: re-running a mutation then changes nothing.
+func upsert[T any](list []T, v T, same func(T) bool) []T {
+	for i := range list {
+		if same(list[i]) {
+			list[i] = v
+			return list
 		}
 	}
-	c.Env = append(c.Env, e)
+	return append(list, v)
+}
+
+func setEnv(c *corev1.Container, e corev1.EnvVar) {
+	c.Env = upsert(c.Env, e, func(x corev1.EnvVar) bool { return x.Name == e.Name })
 }
 
 const etcPreload = "/etc/ld.so.preload"
@@ -607,11 +613,5 @@ func (m *Mutator) hookVolumes(s *corev1.PodSpec) {
 }
 
 func setVolume(s *corev1.PodSpec, v corev1.Volume) {
-	for i := range s.Volumes {
-		if s.Volumes[i].Name == v.Name {
-			s.Volumes[i] = v
-			return
-		}
-	}
-	s.Volumes = append(s.Volumes, v)
+	s.Volumes = upsert(s.Volumes, v, func(x corev1.Volume) bool { return x.Name == v.Name })
 }

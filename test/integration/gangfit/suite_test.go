@@ -4,10 +4,8 @@
 package gangfit
 
 import (
-	"fmt"
 	"strings"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
@@ -45,13 +43,7 @@ func setup(t *testing.T, opts framework.Options, spec v1alpha1.GangFitParameters
 	env.MustCreate(t, framework.MakeGangFitCheck("gang-fit", "gf"))
 	s := &suite{env: env}
 	s.startManager(t)
-	env.Eventually(t, 30*time.Second, "gang-fit check Active", func() (bool, string) {
-		var ac kueue.AdmissionCheck
-		if err := env.Client.Get(env.Ctx, client.ObjectKey{Name: "gang-fit"}, &ac); err != nil {
-			return false, err.Error()
-		}
-		return apimeta.IsStatusConditionTrue(ac.Status.Conditions, kueue.AdmissionCheckActive), fmt.Sprint(ac.Status.Conditions)
-	})
+	env.WaitForAdmissionCheckActive(t, "gang-fit")
 	env.MustCreate(t, framework.MakeResourceFlavor("gpu"))
 	env.MustCreate(t, framework.MakeClusterQueue("cq").GPUFlavor("gpu", 2*gpus, framework.H100).AdmissionChecks("gang-fit").Obj())
 	s.ns = env.Namespace(t, "team")

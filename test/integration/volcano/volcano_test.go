@@ -85,13 +85,7 @@ func TestVolcanoBridge(t *testing.T) {
 		}
 		return topology.Setup(mgr, topology.Options{})
 	})
-	env.Eventually(t, 30*time.Second, "gang-fit check Active", func() (bool, string) {
-		var ac kueue.AdmissionCheck
-		if err := env.Client.Get(env.Ctx, client.ObjectKey{Name: "gang-fit"}, &ac); err != nil {
-			return false, err.Error()
-		}
-		return apimeta.IsStatusConditionTrue(ac.Status.Conditions, kueue.AdmissionCheckActive), fmt.Sprint(ac.Status.Conditions)
-	})
+	env.WaitForAdmissionCheckActive(t, "gang-fit")
 	env.MustCreate(t, framework.MakeResourceFlavor("gpu"))
 	env.MustCreate(t, framework.MakeClusterQueue("cq").GPUFlavor("gpu", 40, framework.H100).AdmissionChecks("gang-fit").Obj())
 
