@@ -37,8 +37,9 @@ func TestPyTorchJobWaitsOnGangFitCheck(t *testing.T) {
 	job := framework.MakePyTorchJob("train", ns, "lq", 2, 1).Obj()
 	env.MustCreate(t, job)
 
+	// Kueue reserves quota and lists the check's state in separate writes.
 	wl := env.WaitForWorkloadOf(t, ns, job.Name, "PyTorchJob", func(wl *kueue.Workload) bool {
-		return apimeta.IsStatusConditionTrue(wl.Status.Conditions, kueue.WorkloadQuotaReserved)
+		return apimeta.IsStatusConditionTrue(wl.Status.Conditions, kueue.WorkloadQuotaReserved) && findCheck(wl, "gang-fit") != nil
 	})
 	if len(wl.Spec.PodSets) != 2 {
 		t.Fatalf("workload has %d pod sets, want master + worker", len(wl.Spec.PodSets))
