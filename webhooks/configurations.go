@@ -33,6 +33,26 @@ type ServeOptions struct {
 	// the reinvocation round — at the price of a second round trip on every
 	// GPU pod (docs/bench/webhooks.md). Turn it on where such webhooks run.
 	ValidatePodCreate bool
+	// TemplatePodCreators are the users that create pods from job templates
+	// (the Job controller, the training operator). Their pods made from a
+	// template gpupack already injected (gpupack.io/injected =
+	// TemplateFingerprint) skip the pod webhook: the work was done once
+	// per job, not per pod. Empty (or no fingerprint): every GPU pod goes
+	// to the webhook.
+	TemplatePodCreators []string
+	// TemplateFingerprint is the mutation configuration's Fingerprint. The
+	// manager keeps the installed configuration in step with its own
+	// (SetupFastPath); a stale value only sends pods the slow way.
+	TemplateFingerprint string
+}
+
+// DefaultTemplatePodCreators: kube-controller-manager's Job controller
+// (with and without --use-service-account-credentials) and the Kubeflow
+// training operator's service account.
+var DefaultTemplatePodCreators = []string{
+	"system:serviceaccount:kube-system:job-controller",
+	"system:kube-controller-manager",
+	"system:serviceaccount:kubeflow:training-operator",
 }
 
 // DefaultServeOptions match manifests/: namespace gpupack-system.
@@ -43,6 +63,8 @@ func DefaultServeOptions() ServeOptions {
 		MutatingName:   "gpupack-mutating-webhook-configuration",
 		ValidatingName: "gpupack-validating-webhook-configuration",
 		TimeoutSeconds: 10,
+
+		TemplatePodCreators: DefaultTemplatePodCreators,
 	}
 }
 
@@ -125,6 +147,41 @@ func podRequestEdited() string {
 	return fmt.Sprintf("request.operation == 'CREATE' || (object != null && oldObject != null && %s.exists(k, %s != %s))", celList(gpureq.RequestKeys), val("object"), val("oldObject"))
 }
 
+// FastPathConditionName names the pod webhook's fast-path condition.
+const FastPathConditionName = "not-from-an-injected-template"
+
+// FastPathCondition is false — the pod skips the mutating webhook — only
+// for a pod that a trusted controller creates for its Job or PyTorchJob
+// from a template carrying the current injection marker, that needs no
+// checkpoint wrapping or resume step, and that already has the placement
+// gate if it has a plan. A tenant cannot meet it: tenants are not those
+// controllers, the controllers copy their pods from templates, and every
+// GPU template passes the job webhooks, which set the marker only on a
+// template whose pods are already a fixed point (mutation.SyncTemplate).
+// A pod that misses any part is mutated as before.
+func FastPathCondition(creators []string, fingerprint string) admissionregistrationv1.MatchCondition {
+	ann := "object.metadata.annotations"
+	owner := "has(object.metadata.ownerReferences) && object.metadata.ownerReferences.exists(r, has(r.controller) && r.controller && " +
+		"((r.apiVersion == 'batch/v1' && r.kind == 'Job') || (r.apiVersion == 'kubeflow.org/v1' && r.kind == 'PyTorchJob')))"
+	marked := fmt.Sprintf("has(%[1]s) && '%[2]s' in %[1]s && %[1]s['%[2]s'] == '%[3]s'", ann, v1alpha1.AnnotationInjected, fingerprint)
+	noCkpt := fmt.Sprintf("!(%s.exists(k, k in %s))", celList([]string{v1alpha1.AnnotationCheckpoint, v1alpha1.AnnotationLastConsistentCheckpoint}), ann)
+	gated := fmt.Sprintf("(!('%s' in %s) || (has(object.spec.schedulingGates) && object.spec.schedulingGates.exists(g, g.name == '%s')))",
+		v1alpha1.AnnotationPlan, ann, v1alpha1.SchedulingGatePlacement)
+	return admissionregistrationv1.MatchCondition{
+		Name:       FastPathConditionName,
+		Expression: fmt.Sprintf("!(object != null && request.userInfo.username in %s && %s && %s && %s && %s)", celList(creators), owner, marked, noCkpt, gated),
+	}
+}
+
+// podMutatingConditions are the pod mutating webhook's match conditions.
+func podMutatingConditions(o ServeOptions) []admissionregistrationv1.MatchCondition {
+	conds := MatchConditions("Pod", false)
+	if len(o.TemplatePodCreators) > 0 && o.TemplateFingerprint != "" {
+		conds = append([]admissionregistrationv1.MatchCondition{FastPathCondition(o.TemplatePodCreators, o.TemplateFingerprint)}, conds...)
+	}
+	return conds
+}
+
 type target struct {
 	kind, group, version, resource string
 	mutate, validate               string
@@ -179,20 +236,27 @@ func WebhookConfigurations(o ServeOptions) (*admissionregistrationv1.MutatingWeb
 	for _, t := range targets {
 		lower := strings.ToLower(t.kind)
 		var reinvoke *admissionregistrationv1.ReinvocationPolicyType
+		conds := MatchConditions(t.kind, false)
+		// Jobs are mutated on update too: Kueue writes its podSetUpdates
+		// (the plan) into a template when it starts the job, and the
+		// template must then carry the placement gate (SyncTemplate).
+		mops := []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update}
 		if t.kind == "Pod" {
 			// Another webhook may add containers or env after us.
 			reinvoke = &ifNeeded
+			conds = podMutatingConditions(o)
+			mops = mops[:1]
 		}
 		mwc.Webhooks = append(mwc.Webhooks, admissionregistrationv1.MutatingWebhook{
 			Name:                    "m" + lower + ".gpupack.io",
 			ClientConfig:            client(t.mutate),
-			Rules:                   rule(t, admissionregistrationv1.Create),
+			Rules:                   rule(t, mops...),
 			FailurePolicy:           &fail,
 			SideEffects:             &none,
 			AdmissionReviewVersions: []string{"v1"},
 			TimeoutSeconds:          &timeout,
 			NamespaceSelector:       nsSel,
-			MatchConditions:         MatchConditions(t.kind, false),
+			MatchConditions:         conds,
 			ReinvocationPolicy:      reinvoke,
 		})
 		ops := []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update}

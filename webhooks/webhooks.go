@@ -9,6 +9,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"strings"
 
 	"gomodules.xyz/jsonpatch/v2"
 	admissionv1 "k8s.io/api/admission/v1"
@@ -98,6 +99,64 @@ func specPatch(before []byte, after any, warn []string) admission.Response {
 	return resp
 }
 
+// templatePatch answers a job update with the changes SyncTemplate made to
+// the templates at the given JSON pointers: their annotations and
+// scheduling gates, nothing else. It edits the request's own JSON rather
+// than re-encoding the typed object, so fields this build's types do not
+// know (a newer CRD) are never dropped, and a batch Job's immutable
+// template fields are never touched.
+func templatePatch(raw []byte, tmpls map[string]*corev1.PodTemplateSpec) admission.Response {
+	var doc map[string]any
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		return admission.Errored(http.StatusBadRequest, err)
+	}
+	for ptr, t := range tmpls {
+		node := any(doc)
+		for _, key := range strings.Split(strings.TrimPrefix(ptr, "/"), "/") {
+			m, _ := node.(map[string]any)
+			node = m[key]
+		}
+		tm, ok := node.(map[string]any)
+		if !ok {
+			continue
+		}
+		meta, _ := tm["metadata"].(map[string]any)
+		if meta == nil {
+			meta = map[string]any{}
+		}
+		if len(t.Annotations) == 0 {
+			delete(meta, "annotations")
+		} else {
+			ann := make(map[string]any, len(t.Annotations))
+			for k, v := range t.Annotations {
+				ann[k] = v
+			}
+			meta["annotations"] = ann
+		}
+		if len(meta) > 0 || tm["metadata"] != nil {
+			tm["metadata"] = meta
+		}
+		spec, _ := tm["spec"].(map[string]any)
+		if spec == nil {
+			continue
+		}
+		if len(t.Spec.SchedulingGates) == 0 {
+			delete(spec, "schedulingGates")
+		} else {
+			gates := make([]any, len(t.Spec.SchedulingGates))
+			for i, g := range t.Spec.SchedulingGates {
+				gates[i] = map[string]any{"name": g.Name}
+			}
+			spec["schedulingGates"] = gates
+		}
+	}
+	after, err := json.Marshal(doc)
+	if err != nil {
+		return admission.Errored(http.StatusInternalServerError, err)
+	}
+	return admission.PatchResponseFromRaw(raw, after)
+}
+
 func denied(err error, warn []string) admission.Response {
 	resp := admission.Denied(err.Error())
 	resp.Warnings = warn
@@ -181,12 +240,16 @@ func (h *podValidator) Handle(_ context.Context, req admission.Request) admissio
 type jobMutator struct{ m *mutation.Mutator }
 
 func (h *jobMutator) Handle(_ context.Context, req admission.Request) admission.Response {
-	if req.Operation != admissionv1.Create {
-		return admission.Allowed("")
-	}
 	j := &batchv1.Job{}
 	if err := decode(req.Object.Raw, j); err != nil {
 		return admission.Errored(http.StatusBadRequest, err)
+	}
+	if req.Operation == admissionv1.Update {
+		h.m.SyncJob(j)
+		return templatePatch(req.Object.Raw, map[string]*corev1.PodTemplateSpec{"/spec/template": &j.Spec.Template})
+	}
+	if req.Operation != admissionv1.Create {
+		return admission.Allowed("")
 	}
 	before, _ := json.Marshal(j.Spec)
 	warn, err := h.m.Job(j)
@@ -223,12 +286,22 @@ func (h *jobValidator) Handle(_ context.Context, req admission.Request) admissio
 type ptMutator struct{ m *mutation.Mutator }
 
 func (h *ptMutator) Handle(_ context.Context, req admission.Request) admission.Response {
-	if req.Operation != admissionv1.Create {
-		return admission.Allowed("")
-	}
 	j := &kftraining.PyTorchJob{}
 	if err := decode(req.Object.Raw, j); err != nil {
 		return admission.Errored(http.StatusBadRequest, err)
+	}
+	if req.Operation == admissionv1.Update {
+		h.m.SyncPyTorchJob(j)
+		tmpls := map[string]*corev1.PodTemplateSpec{}
+		for rt, rs := range j.Spec.PyTorchReplicaSpecs {
+			if rs != nil {
+				tmpls["/spec/pytorchReplicaSpecs/"+string(rt)+"/template"] = &rs.Template
+			}
+		}
+		return templatePatch(req.Object.Raw, tmpls)
+	}
+	if req.Operation != admissionv1.Create {
+		return admission.Allowed("")
 	}
 	before, _ := json.Marshal(j.Spec)
 	warn, err := h.m.PyTorchJob(j)

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
@@ -57,6 +58,7 @@ func main() {
 		topologyParams = flag.String("topology-parameters", "", "GangFitParameters whose topologyLevels define the hierarchy (default: the first that has them)")
 		enableWebhooks = flag.Bool("enable-webhooks", true, "serve the fractional-GPU mutating/validating webhooks and run the placement ungater")
 		webhookConfig  = flag.String("webhook-config", "", "webhook configuration file (YAML; see docs/webhooks.md); empty = defaults")
+		podCreators    = flag.String("template-pod-creators", strings.Join(webhooks.DefaultTemplatePodCreators, ","), "users whose pods made from a gpupack-injected Job/PyTorchJob template skip the pod webhook (comma-separated; empty: every GPU pod goes to the webhook)")
 		certMode       = flag.String("cert-management", "internal", "webhook certificates: internal (cert-controller rotates them and injects the CA) or external (cert-manager or files in --cert-dir)")
 		namespace      = flag.String("namespace", envOr("POD_NAMESPACE", "gpupack-system"), "namespace gpupack runs in")
 		showVersion    = flag.Bool("version", false, "print the version and exit")
@@ -100,9 +102,23 @@ func main() {
 			log.Error(err, "reading webhook configuration")
 			os.Exit(1)
 		}
+		serve, err := webhooks.DefaultServeOptions().WithFastPath(cfg)
+		if err != nil {
+			log.Error(err, "webhook configuration")
+			os.Exit(1)
+		}
+		serve.Namespace = *namespace
+		serve.TemplatePodCreators = nil
+		for _, u := range strings.Split(*podCreators, ",") {
+			if u = strings.TrimSpace(u); u != "" {
+				serve.TemplatePodCreators = append(serve.TemplatePodCreators, u)
+			}
+		}
+		if err := webhooks.SetupFastPath(mgr, serve); err != nil {
+			log.Error(err, "setting up the pod webhook's fast path")
+			os.Exit(1)
+		}
 		if *certMode == "internal" {
-			serve := webhooks.DefaultServeOptions()
-			serve.Namespace = *namespace
 			// Every replica keeps certificates (not only the leader): a standby
 			// that never becomes ready would block drains under the PDB.
 			ready, err := webhooks.SetupCerts(mgr, webhooks.CertOptions{ServeOptions: serve, SecretName: "gpupack-webhook-cert", CertDir: *certDir, EvictionWebhook: *evictionHook})

@@ -245,7 +245,11 @@ func fractional(t *demoTB, env *framework.Env) {
 		}
 		return placement.Setup(mgr)
 	}, opts)
-	mwc, vwc := webhooks.WebhookConfigurations(webhooks.DefaultServeOptions())
+	serve, err := webhooks.DefaultServeOptions().WithFastPath(webhooks.Config{})
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	mwc, vwc := webhooks.WebhookConfigurations(serve)
 	env.InstallWebhooks(t, opts, mwc, vwc)
 	ns := env.Namespace(t, "fractional")
 	env.MustCreate(t, framework.MakeLocalQueue("lq", ns, "gpu"))

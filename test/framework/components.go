@@ -92,7 +92,7 @@ func (e *Env) startScheduling(t TB) {
 		"--kubeconfig="+e.Kubeconfig, "--authentication-kubeconfig="+e.Kubeconfig,
 		"--authorization-kubeconfig="+e.Kubeconfig, "--secure-port=0", "--leader-elect=false", "--v=1")
 	e.StartProcess(t, "kube-controller-manager", filepath.Join(tools, "kube-controller-manager"),
-		"--kubeconfig="+e.Kubeconfig, "--secure-port=0", "--leader-elect=false", "--v=1",
+		"--kubeconfig="+e.userKubeconfig(t, UserKubeControllerManager), "--secure-port=0", "--leader-elect=false", "--v=1",
 		"--use-service-account-credentials=false",
 		"--controllers=job-controller,garbage-collector-controller,node-lifecycle-controller,pod-garbage-collector-controller,taint-eviction-controller,replicaset-controller",
 		"--node-monitor-grace-period=40s", "--concurrent-job-syncs=10", "--concurrent-gc-syncs=10")
@@ -190,7 +190,7 @@ func (e *Env) startTrainingOperator(t TB) {
 		t.Fatalf("%v", err)
 	}
 	e.StartProcess(t, "training-operator", filepath.Join(ToolsDir(), "training-operator"),
-		"--kubeconfig="+e.Kubeconfig, "--enable-scheme=pytorchjob",
+		"--kubeconfig="+e.userKubeconfig(t, UserTrainingOperator), "--enable-scheme=pytorchjob",
 		"--metrics-bind-address=0", "--health-probe-bind-address=0",
 		fmt.Sprintf("--webhook-server-port=%d", port), "--zap-log-level=info")
 }

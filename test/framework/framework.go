@@ -93,6 +93,7 @@ type Env struct {
 	Kubeconfig string
 
 	testEnv *envtest.Environment
+	dir     string
 	cancel  context.CancelFunc
 	mu      sync.Mutex
 	procs   []*Process
@@ -216,6 +217,7 @@ func Start(t TB, opts Options) *Env {
 	if err := os.WriteFile(e.Kubeconfig, kc, 0o600); err != nil {
 		t.Fatalf("%v", err)
 	}
+	e.dir = dir
 	for _, ns := range []string{"kueue-system", "gpupack-system", "kubeflow"} {
 		if err := e.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil && !apierrors.IsAlreadyExists(err) {
 			t.Fatalf("namespace %s: %v", ns, err)
@@ -536,4 +538,42 @@ func (p *Process) Tail(n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// Controller identities: components run as the users they are in a cluster,
+// so admission sees the same request.userInfo (the pod webhook's fast path
+// trusts these for pods made from job templates). Both are cluster admins
+// here.
+const (
+	UserKubeControllerManager = "system:kube-controller-manager"
+	UserTrainingOperator      = "system:serviceaccount:kubeflow:training-operator"
+)
+
+// UserConfig returns a client config authenticated as name (a client
+// certificate, so no impersonation cost) in groups.
+func (e *Env) UserConfig(t TB, name string, groups ...string) *rest.Config {
+	t.Helper()
+	u, err := e.testEnv.AddUser(envtest.User{Name: name, Groups: groups}, e.Config)
+	if err != nil {
+		t.Fatalf("user %s: %v", name, err)
+	}
+	return u.Config()
+}
+
+// userKubeconfig writes a kubeconfig for name (a cluster admin) and returns its path.
+func (e *Env) userKubeconfig(t TB, name string) string {
+	t.Helper()
+	u, err := e.testEnv.AddUser(envtest.User{Name: name, Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		t.Fatalf("user %s: %v", name, err)
+	}
+	kc, err := u.KubeConfig()
+	if err != nil {
+		t.Fatalf("kubeconfig for %s: %v", name, err)
+	}
+	path := filepath.Join(e.dir, "kubeconfig-"+strings.NewReplacer(":", "-", "/", "-").Replace(name))
+	if err := os.WriteFile(path, kc, 0o600); err != nil {
+		t.Fatalf("%v", err)
+	}
+	return path
 }

@@ -401,7 +401,7 @@ func TestHAMiModeJobTemplates(t *testing.T) {
 		if d := cmp.Diff(rl("cpu", "1"), worker.Spec.Containers[1].Resources.Limits); d != "" {
 			t.Errorf("sidecar (-want +got):\n%s", d)
 		}
-		if d := cmp.Diff(map[string]string{hmem: "10240", v1alpha1.AnnotationGPUCores: "30"}, worker.Annotations); d != "" {
+		if d := cmp.Diff(map[string]string{hmem: "10240", v1alpha1.AnnotationGPUCores: "30", v1alpha1.AnnotationInjected: m.Fingerprint()}, worker.Annotations); d != "" {
 			t.Errorf("worker annotations carry the job's cores (-want +got):\n%s", d)
 		}
 		noGpupackHook(t, &worker.Spec)

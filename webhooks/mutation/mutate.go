@@ -1,6 +1,9 @@
 package mutation
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"sort"
 	"strconv"
@@ -10,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	kftraining "github.com/kubeflow/training-operator/pkg/apis/kubeflow.org/v1"
 
@@ -20,8 +24,9 @@ import (
 
 // Mutator applies one Config. It is safe for concurrent use.
 type Mutator struct {
-	cfg Config
-	buf flavors.Buffer
+	cfg         Config
+	buf         flavors.Buffer
+	fingerprint string
 }
 
 // New fills cfg's defaults and validates it.
@@ -30,7 +35,9 @@ func New(cfg Config) (*Mutator, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Mutator{cfg: cfg, buf: cfg.buffer()}, nil
+	m := &Mutator{cfg: cfg, buf: cfg.buffer()}
+	m.fingerprint = m.computeFingerprint()
+	return m, nil
 }
 
 // Config returns the effective configuration.
@@ -289,7 +296,7 @@ func (m *Mutator) PyTorchJob(j *kftraining.PyTorchJob) ([]string, error) {
 			return warn, err
 		}
 		warn = append(warn, r.warn...)
-		w, err := m.ownTemplateEnv("replica "+rt, &rs.Template, r.reqs)
+		w, err := m.injectTemplate("replica "+rt, nonNil(j.Annotations), &rs.Template, r.reqs)
 		warn = append(warn, w...)
 		if err != nil {
 			return warn, err
@@ -315,7 +322,7 @@ func (m *Mutator) Job(j *batchv1.Job) ([]string, error) {
 	if err != nil {
 		return r.warn, err
 	}
-	w, err := m.ownTemplateEnv("pod template", &j.Spec.Template, r.reqs)
+	w, err := m.injectTemplate("pod template", nonNil(j.Annotations), &j.Spec.Template, r.reqs)
 	warn := append(r.warn, w...)
 	if err != nil {
 		return warn, err
@@ -340,28 +347,10 @@ func (m *Mutator) Pod(p *corev1.Pod, pc PodContext) ([]string, error) {
 		return r.warn, err
 	}
 	p.ObjectMeta, p.Spec = t.ObjectMeta, t.Spec
-	warn := r.warn
-	fractional := false
-	for i, req := range r.reqs {
-		if req.Kind == gpureq.NoGPU {
-			continue
-		}
-		c := &p.Spec.Containers[i]
-		w, err := m.ownEnv(c, req)
-		if err != nil {
-			return warn, err
-		}
-		warn = append(warn, w...)
-		switch {
-		case req.Kind == gpureq.Converted:
-			fractional = true
-			warn = append(warn, m.mountHook(c)...)
-		case req.Kind == gpureq.Fractional && m.cfg.hami():
-			warn = append(warn, m.guardHAMiHook(c)...)
-		}
-	}
-	if fractional {
-		m.hookVolumes(&p.Spec)
+	w, err := m.inject(&p.Spec, r.reqs)
+	warn := append(r.warn, w...)
+	if err != nil {
+		return warn, err
 	}
 	if p.Annotations[v1alpha1.AnnotationCheckpoint] == "true" {
 		if err := m.wrapCheckpoint(p, r.reqs); err != nil {
@@ -439,26 +428,149 @@ func (m *Mutator) ownEnv(c *corev1.Container, req gpureq.Request) ([]string, err
 	return m.replaceOwnedEnv(c, want)
 }
 
-// ownTemplateEnv applies the env policy to a job's pod template at the
-// job's creation, so the warning (or the denial) reaches whoever applies the
-// job — not the controller that later creates its pods, where a warning is
-// lost and a denial leaves the job without pods for ever. gpupack sets its
-// own values per pod, so every owned key in a template is the tenant's.
-func (m *Mutator) ownTemplateEnv(where string, t *corev1.PodTemplateSpec, reqs []gpureq.Request) ([]string, error) {
+// inject gives the GPU containers of a pod (or pod template) what the hook
+// needs: owned environment, mounts and volumes (gpupack mode), or the
+// guard of HAMi-core's mounts (hami mode). Re-running changes nothing.
+func (m *Mutator) inject(s *corev1.PodSpec, reqs []gpureq.Request) ([]string, error) {
 	var warn []string
+	fractional := false
 	for i, req := range reqs {
 		if req.Kind == gpureq.NoGPU {
 			continue
 		}
-		w, err := m.replaceOwnedEnv(&t.Spec.Containers[i], nil)
+		c := &s.Containers[i]
+		w, err := m.ownEnv(c, req)
 		if err != nil {
-			return warn, fmt.Errorf("%s: %w", where, err)
+			return warn, err
 		}
-		for _, x := range w {
-			warn = append(warn, where+": "+x)
+		warn = append(warn, w...)
+		switch {
+		case req.Kind == gpureq.Converted:
+			fractional = true
+			warn = append(warn, m.mountHook(c)...)
+		case req.Kind == gpureq.Fractional && m.cfg.hami():
+			warn = append(warn, m.guardHAMiHook(c)...)
 		}
 	}
+	if fractional {
+		m.hookVolumes(s)
+	}
 	return warn, nil
+}
+
+// injectTemplate injects the hook into a job's pod template when the job is
+// created, so the env policy's warning (or denial) reaches whoever applies
+// the job — not the controller that later creates its pods, where a warning
+// is lost and a denial leaves the job without pods for ever — and so pods
+// made from the template arrive complete (SyncTemplate).
+func (m *Mutator) injectTemplate(where string, jobAnn map[string]string, t *corev1.PodTemplateSpec, reqs []gpureq.Request) ([]string, error) {
+	w, err := m.inject(&t.Spec, reqs)
+	warn := make([]string, 0, len(w))
+	for _, x := range w {
+		warn = append(warn, where+": "+x)
+	}
+	if err != nil {
+		return warn, fmt.Errorf("%s: %w", where, err)
+	}
+	m.SyncTemplate(jobAnn, t)
+	return warn, nil
+}
+
+// SyncTemplate keeps in a job's pod template what its pods would otherwise
+// get from the pod webhook at creation: the placement gate while Kueue's
+// podSetUpdates name a GPUPlan, and gpupack.io/injected (this
+// configuration's Fingerprint) while a pod made from the template is a
+// fixed point of Pod — no change, no warning, no denial. Checkpointing
+// templates never get the marker: their pods need the job's current resume
+// step and the agent's wrapping, which only the pod webhook adds. The pod
+// webhook's fast-path match condition skips a pod only with a current
+// marker, from a trusted controller, owned by a Job or PyTorchJob
+// (webhooks.FastPathCondition); every other pod is mutated as before.
+func (m *Mutator) SyncTemplate(jobAnn map[string]string, t *corev1.PodTemplateSpec) {
+	if _, ok := t.Annotations[v1alpha1.AnnotationPlan]; ok {
+		addGate(&t.Spec, v1alpha1.SchedulingGatePlacement)
+	} else {
+		removeGate(&t.Spec, v1alpha1.SchedulingGatePlacement)
+	}
+	if m.podReady(jobAnn, t) {
+		if t.Annotations == nil {
+			t.Annotations = map[string]string{}
+		}
+		t.Annotations[v1alpha1.AnnotationInjected] = m.fingerprint
+	} else if _, ok := t.Annotations[v1alpha1.AnnotationInjected]; ok {
+		delete(t.Annotations, v1alpha1.AnnotationInjected)
+		if len(t.Annotations) == 0 {
+			t.Annotations = nil
+		}
+	}
+}
+
+// podReady reports whether a pod made from t needs nothing from the pod
+// webhook: Pod leaves it unchanged, without a warning or a denial.
+func (m *Mutator) podReady(jobAnn map[string]string, t *corev1.PodTemplateSpec) bool {
+	for _, ann := range []map[string]string{jobAnn, t.Annotations} {
+		if hasAny(ann, []string{v1alpha1.AnnotationCheckpoint, v1alpha1.AnnotationLastConsistentCheckpoint}) {
+			return false
+		}
+	}
+	p := &corev1.Pod{ObjectMeta: *t.ObjectMeta.DeepCopy(), Spec: *t.Spec.DeepCopy()}
+	if r, err := m.template("pod", nil, &corev1.PodTemplateSpec{ObjectMeta: p.ObjectMeta, Spec: *p.Spec.DeepCopy()}); err != nil || !r.anyGPU {
+		return false // a CPU-only template's pods never reach the pod webhook
+	}
+	warn, err := m.Pod(p, PodContext{})
+	return err == nil && len(warn) == 0 && equality.Semantic.DeepEqual(p.Spec, t.Spec)
+}
+
+// SyncJob is SyncTemplate for a batch/v1 Job being updated (Kueue writes
+// its podSetUpdates, or restores the template, when it starts or stops the
+// job). It changes only template annotations and scheduling gates, which a
+// suspended Job may change.
+func (m *Mutator) SyncJob(j *batchv1.Job) {
+	m.SyncTemplate(nonNil(j.Annotations), &j.Spec.Template)
+}
+
+// SyncPyTorchJob is SyncJob for a PyTorchJob's replica templates.
+func (m *Mutator) SyncPyTorchJob(j *kftraining.PyTorchJob) {
+	for _, rs := range j.Spec.PyTorchReplicaSpecs {
+		if rs != nil {
+			m.SyncTemplate(nonNil(j.Annotations), &rs.Template)
+		}
+	}
+}
+
+// Fingerprint identifies this configuration's injection: the value of
+// gpupack.io/injected it writes. It hashes the configuration and the
+// mutation of a probe pod, so a changed configuration or a release that
+// injects differently sends pods of older templates through the webhook.
+func (m *Mutator) Fingerprint() string { return m.fingerprint }
+
+func (m *Mutator) computeFingerprint() string {
+	h := sha256.New()
+	cfg, _ := json.Marshal(m.cfg)
+	h.Write(cfg)
+	gpus := resource.MustParse("1")
+	probe := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{v1alpha1.AnnotationGPUMemory: "1Gi", v1alpha1.AnnotationGPUCores: "50"}},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "probe", Resources: corev1.ResourceRequirements{
+			Limits: corev1.ResourceList{v1alpha1.ResourceNvidiaGPU: gpus}}}}},
+	}
+	_, err := m.Pod(probe, PodContext{})
+	out, _ := json.Marshal(probe)
+	h.Write(out)
+	fmt.Fprint(h, err)
+	return hex.EncodeToString(h.Sum(nil))[:16]
+}
+
+func removeGate(s *corev1.PodSpec, name string) {
+	for i, g := range s.SchedulingGates {
+		if g.Name == name {
+			s.SchedulingGates = append(s.SchedulingGates[:i:i], s.SchedulingGates[i+1:]...)
+			if len(s.SchedulingGates) == 0 {
+				s.SchedulingGates = nil
+			}
+			return
+		}
+	}
 }
 
 // replaceOwnedEnv removes the owned keys of c that are not in want (warning,

@@ -50,7 +50,7 @@ func TestPyTorchJobConversion(t *testing.T) {
 	if d := cmp.Diff(rl(vgpu, "1", gmem, "20480", gcor, "30"), master.Spec.Containers[0].Resources.Requests); d != "" {
 		t.Errorf("master requests (-want +got):\n%s", d)
 	}
-	if d := cmp.Diff(map[string]string{v1alpha1.AnnotationGPUMemory: "20Gi", v1alpha1.AnnotationGPUCores: "30"}, master.Annotations); d != "" {
+	if d := cmp.Diff(map[string]string{v1alpha1.AnnotationGPUMemory: "20Gi", v1alpha1.AnnotationGPUCores: "30", v1alpha1.AnnotationInjected: m.Fingerprint()}, master.Annotations); d != "" {
 		t.Errorf("master template annotations carry the job defaults (-want +got):\n%s", d)
 	}
 	worker := j.Spec.PyTorchReplicaSpecs["Worker"].Template
@@ -60,7 +60,7 @@ func TestPyTorchJobConversion(t *testing.T) {
 	if d := cmp.Diff(rl("cpu", "1"), worker.Spec.Containers[1].Resources.Limits); d != "" {
 		t.Errorf("sidecar untouched (-want +got):\n%s", d)
 	}
-	if d := cmp.Diff(map[string]string{v1alpha1.AnnotationHAMiGPUMem: "10240", v1alpha1.AnnotationGPUCores: "30"}, worker.Annotations); d != "" {
+	if d := cmp.Diff(map[string]string{v1alpha1.AnnotationHAMiGPUMem: "10240", v1alpha1.AnnotationGPUCores: "30", v1alpha1.AnnotationInjected: m.Fingerprint()}, worker.Annotations); d != "" {
 		t.Errorf("worker annotations (-want +got):\n%s", d)
 	}
 }
@@ -72,6 +72,8 @@ func TestWholeGPUStaysExclusive(t *testing.T) {
 	if _, err := m.Job(j); err != nil {
 		t.Fatal(err)
 	}
+	// Only marked: its pods need nothing more from the pod webhook.
+	orig.Spec.Template.Annotations = map[string]string{v1alpha1.AnnotationInjected: m.Fingerprint()}
 	if d := cmp.Diff(orig, j); d != "" {
 		t.Errorf("whole-GPU job changed (-want +got):\n%s", d)
 	}
@@ -383,8 +385,8 @@ func TestJobTemplateOwnedEnv(t *testing.T) {
 				t.Fatal(err)
 			}
 			tmpl := templateOf(obj, "Worker")
-			if got := envOf(tmpl.Spec.Containers[0]); fmt.Sprint(got) != "[KEEP=me]" {
-				t.Errorf("GPU container env %v, want only KEEP", got)
+			if got := envOf(tmpl.Spec.Containers[0]); fmt.Sprint(got) != "[KEEP=me GPUPACK_POD_UID= CUDA_DEVICE_MEMORY_LIMIT=20480m CUDA_DEVICE_MEMORY_SHARED_CACHE=/var/run/gpupack/vgpu.cache]" {
+				t.Errorf("GPU container env %v, want KEEP and gpupack's own values", got)
 			}
 			if got := envOf(tmpl.Spec.Containers[1]); fmt.Sprint(got) != "[LD_PRELOAD=/mine.so]" {
 				t.Errorf("CPU container env %v, want untouched", got)

@@ -128,12 +128,16 @@ func TestPlacementGate(t *testing.T) {
 func TestUpdates(t *testing.T) {
 	m := mustNew(t, Config{})
 	yes, no := true, false
+	// The edit changes the annotation only: a Job's template containers
+	// (converted resources, hook env) cannot change after creation.
+	created := makeJob(map[string]string{v1alpha1.AnnotationGPUMemory: "1Gi"}, template(nil, makeCtr("c").gpus("1").obj()))
+	if _, err := m.Job(created); err != nil {
+		t.Fatal(err)
+	}
 	job := func(suspend *bool, mem string) *batchv1.Job {
-		j := makeJob(map[string]string{v1alpha1.AnnotationGPUMemory: mem}, template(nil, makeCtr("c").gpus("1").obj()))
+		j := created.DeepCopy()
+		j.Annotations[v1alpha1.AnnotationGPUMemory] = mem
 		j.Spec.Suspend = suspend
-		if _, err := m.Job(j); err != nil {
-			t.Fatal(err)
-		}
 		return j
 	}
 	if err := m.ValidateJobUpdate(job(&no, "1Gi"), job(&no, "2Gi")); err == nil || !strings.Contains(err.Error(), "cannot change while the job runs") {

@@ -33,6 +33,11 @@ const (
 	AnnotationPlan          = "gpupack.io/plan"    // names the GPUPlan (set through podSetUpdates)
 	AnnotationDevices       = "gpupack.io/devices" // "<uuid>:<MiB>[,…]" on a pinned pod
 	SchedulingGatePlacement = "gpupack.io/placement"
+	// AnnotationInjected marks a job's pod template that the webhook already
+	// brought to the form it gives pods; the value fingerprints the webhook
+	// configuration. Pods a trusted controller makes from such a template
+	// skip the pod webhook (docs/webhooks.md). Set by gpupack only.
+	AnnotationInjected = "gpupack.io/injected"
 
 	// Node inventory.
 	AnnotationGPUs             = "gpupack.io/gpus" // JSON array of GPUInfo

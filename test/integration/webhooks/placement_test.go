@@ -43,7 +43,11 @@ func TestPyTorchJobPlacedOnPlan(t *testing.T) {
 		}
 		return placement.Setup(mgr)
 	}, opts)
-	mwc, vwc := webhooks.WebhookConfigurations(webhooks.DefaultServeOptions())
+	serve, err := webhooks.DefaultServeOptions().WithFastPath(webhooks.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mwc, vwc := webhooks.WebhookConfigurations(serve)
 	env.InstallWebhooks(t, opts, mwc, vwc)
 	env.MustCreate(t, framework.MakeResourceFlavor("gpu"))
 	env.MustCreate(t, framework.MakeClusterQueue("cq").GPUFlavor("gpu", 4, framework.H100).AdmissionChecks("gang-fit").Obj())
@@ -59,18 +63,33 @@ func TestPyTorchJobPlacedOnPlan(t *testing.T) {
 		s := job.Spec.RunPolicy.Suspend
 		return s != nil && !*s, "still suspended"
 	})
-	// What the training operator does: one pod per replica from the
-	// (Kueue-updated) template, labelled with its type and index.
+	// What the training operator does, as its own user: one pod per
+	// replica from the (Kueue-updated) template, labelled with its type and
+	// index. The template carries the injection and, since Kueue wrote the
+	// plan into it, the placement gate: the pods skip the pod webhook.
 	tmpl := job.Spec.PyTorchReplicaSpecs[kftraining.PyTorchJobReplicaTypeWorker].Template
+	if !hasGate(&tmpl.Spec, v1alpha1.SchedulingGatePlacement) || tmpl.Annotations[v1alpha1.AnnotationInjected] != serve.TemplateFingerprint {
+		t.Fatalf("started template: gates %v annotations %v", tmpl.Spec.SchedulingGates, tmpl.Annotations)
+	}
+	operator, err := client.New(env.UserConfig(t, framework.UserTrainingOperator, "system:masters"), client.Options{Scheme: env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := podMutations(t)
 	for i := 0; i < 3; i++ {
 		p := &corev1.Pod{ObjectMeta: *tmpl.ObjectMeta.DeepCopy(), Spec: *tmpl.Spec.DeepCopy()}
 		p.Name, p.Namespace = fmt.Sprintf("ft-worker-%d", i), ns
 		p.Labels = map[string]string{"training.kubeflow.org/job-name": "ft", kftraining.ReplicaTypeLabel: "worker", kftraining.ReplicaIndexLabel: fmt.Sprint(i)}
 		p.OwnerReferences = []metav1.OwnerReference{*metav1.NewControllerRef(job, kftraining.GroupVersion.WithKind(kftraining.PyTorchJobKind))}
-		env.MustCreate(t, p)
+		if err := operator.Create(env.Ctx, p); err != nil {
+			t.Fatal(err)
+		}
 		if p.Annotations[v1alpha1.AnnotationPlan] == "" {
 			t.Fatalf("pod %s has no %s: Kueue's podSetUpdates missing from the template", p.Name, v1alpha1.AnnotationPlan)
 		}
+	}
+	if d := podMutations(t) - before; d != 0 {
+		t.Errorf("the pod webhook answered %v times for the operator's pods", d)
 	}
 
 	var pods []corev1.Pod

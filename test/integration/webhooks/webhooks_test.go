@@ -36,7 +36,11 @@ func startWebhooks(t *testing.T, env *framework.Env, cfg webhooks.Config) func()
 	t.Helper()
 	opts := env.WebhookServer()
 	stop := env.StartManager(t, func(mgr ctrl.Manager) error { return webhooks.Setup(mgr, cfg) }, opts)
-	mwc, vwc := webhooks.WebhookConfigurations(webhooks.DefaultServeOptions())
+	serve, err := webhooks.DefaultServeOptions().WithFastPath(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mwc, vwc := webhooks.WebhookConfigurations(serve)
 	env.InstallWebhooks(t, opts, mwc, vwc)
 	return stop
 }
