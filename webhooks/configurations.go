@@ -147,39 +147,47 @@ func podRequestEdited() string {
 	return fmt.Sprintf("request.operation == 'CREATE' || (object != null && oldObject != null && %s.exists(k, %s != %s))", celList(gpureq.RequestKeys), val("object"), val("oldObject"))
 }
 
-// FastPathConditionName names the pod webhook's fast-path condition.
-const FastPathConditionName = "not-from-an-injected-template"
+// FastPathConditionName names the pod mutating webhook's one match
+// condition while the fast path is on.
+const FastPathConditionName = "gpu-pod-not-from-an-injected-template"
 
-// FastPathCondition is false — the pod skips the mutating webhook — only
-// for a pod that a trusted controller creates for its Job or PyTorchJob
-// from a template carrying the current injection marker, that needs no
-// checkpoint wrapping or resume step, and that already has the placement
-// gate if it has a plan. A tenant cannot meet it: tenants are not those
-// controllers, the controllers copy their pods from templates, and every
-// GPU template passes the job webhooks, which set the marker only on a
-// template whose pods are already a fixed point (mutation.SyncTemplate).
-// A pod that misses any part is mutated as before.
+// FastPathCondition is the pod mutating webhook's condition with the fast
+// path: asks-for-gpus, except for a pod that a trusted controller creates
+// for its Job or PyTorchJob from a template carrying the current injection
+// marker, that needs no checkpoint wrapping or resume step, and that
+// already has the placement gate if it has a plan. A tenant cannot meet
+// it: tenants are not those controllers, the controllers copy their pods
+// from templates, and every GPU template passes the job webhooks, which set
+// the marker only on a template whose pods are already a fixed point
+// (mutation.SyncTemplate). A pod that misses any part is mutated as before.
+//
+// One expression, not two conditions: the apiserver evaluates every
+// condition of a webhook, but && stops at the first false term, so a
+// fast-path pod never pays for the GPU test, and a tenant's pod stops at
+// the user name. Cheap terms come first.
 func FastPathCondition(creators []string, fingerprint string) admissionregistrationv1.MatchCondition {
 	ann := "object.metadata.annotations"
-	owner := "has(object.metadata.ownerReferences) && object.metadata.ownerReferences.exists(r, has(r.controller) && r.controller && " +
-		"((r.apiVersion == 'batch/v1' && r.kind == 'Job') || (r.apiVersion == 'kubeflow.org/v1' && r.kind == 'PyTorchJob')))"
-	marked := fmt.Sprintf("has(%[1]s) && '%[2]s' in %[1]s && %[1]s['%[2]s'] == '%[3]s'", ann, v1alpha1.AnnotationInjected, fingerprint)
-	noCkpt := fmt.Sprintf("!(%s.exists(k, k in %s))", celList([]string{v1alpha1.AnnotationCheckpoint, v1alpha1.AnnotationLastConsistentCheckpoint}), ann)
-	gated := fmt.Sprintf("(!('%s' in %s) || (has(object.spec.schedulingGates) && object.spec.schedulingGates.exists(g, g.name == '%s')))",
-		v1alpha1.AnnotationPlan, ann, v1alpha1.SchedulingGatePlacement)
+	fast := strings.Join([]string{
+		"request.userInfo.username in " + celList(creators),
+		fmt.Sprintf("has(%[1]s) && '%[2]s' in %[1]s && %[1]s['%[2]s'] == '%[3]s'", ann, v1alpha1.AnnotationInjected, fingerprint),
+		fmt.Sprintf("!(%s.exists(k, k in %s))", celList([]string{v1alpha1.AnnotationCheckpoint, v1alpha1.AnnotationLastConsistentCheckpoint}), ann),
+		fmt.Sprintf("(!('%s' in %s) || (has(object.spec.schedulingGates) && object.spec.schedulingGates.exists(g, g.name == '%s')))",
+			v1alpha1.AnnotationPlan, ann, v1alpha1.SchedulingGatePlacement),
+		"has(object.metadata.ownerReferences) && object.metadata.ownerReferences.exists(r, has(r.controller) && r.controller && " +
+			"((r.apiVersion == 'batch/v1' && r.kind == 'Job') || (r.apiVersion == 'kubeflow.org/v1' && r.kind == 'PyTorchJob')))",
+	}, " && ")
 	return admissionregistrationv1.MatchCondition{
 		Name:       FastPathConditionName,
-		Expression: fmt.Sprintf("!(object != null && request.userInfo.username in %s && %s && %s && %s && %s)", celList(creators), owner, marked, noCkpt, gated),
+		Expression: fmt.Sprintf("object != null && !(%s) && (%s)", fast, isGPU("Pod", "object")),
 	}
 }
 
 // podMutatingConditions are the pod mutating webhook's match conditions.
 func podMutatingConditions(o ServeOptions) []admissionregistrationv1.MatchCondition {
-	conds := MatchConditions("Pod", false)
 	if len(o.TemplatePodCreators) > 0 && o.TemplateFingerprint != "" {
-		conds = append([]admissionregistrationv1.MatchCondition{FastPathCondition(o.TemplatePodCreators, o.TemplateFingerprint)}, conds...)
+		return []admissionregistrationv1.MatchCondition{FastPathCondition(o.TemplatePodCreators, o.TemplateFingerprint)}
 	}
-	return conds
+	return MatchConditions("Pod", false)
 }
 
 type target struct {

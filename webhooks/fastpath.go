@@ -17,10 +17,9 @@ import (
 // PodMutatingWebhookName is the pod webhook's name in the mutating configuration.
 const PodMutatingWebhookName = "mpod.gpupack.io"
 
-// SetupFastPath keeps the installed pod webhook's fast-path condition in
-// step with this manager: the fingerprint depends on the webhook
-// configuration (and the release), which static manifests cannot know.
-// Only that one condition is managed; the others stay as installed, and a
+// SetupFastPath keeps the installed pod mutating webhook's match condition
+// in step with this manager: the fingerprint depends on the webhook
+// configuration (and the release), which static manifests cannot know. A
 // re-applied manifest (GitOps, helm upgrade) is corrected on the next watch
 // event. The leader writes.
 func SetupFastPath(mgr ctrl.Manager, o ServeOptions) error {
@@ -43,26 +42,15 @@ func SetupFastPath(mgr ctrl.Manager, o ServeOptions) error {
 		}))
 }
 
-// SyncFastPath sets the fast-path condition of mwc's pod webhook to o's
-// (removing it when o has no creators or fingerprint) and reports whether
-// anything changed.
+// SyncFastPath sets the match conditions of mwc's pod webhook to o's (the
+// fast-path condition, or the plain asks-for-gpus without it) and reports
+// whether anything changed. The manager owns that webhook's conditions.
 func SyncFastPath(mwc *admissionregistrationv1.MutatingWebhookConfiguration, o ServeOptions) bool {
 	changed := false
+	want := podMutatingConditions(o)
 	for i := range mwc.Webhooks {
 		w := &mwc.Webhooks[i]
-		if w.Name != PodMutatingWebhookName {
-			continue
-		}
-		var want []admissionregistrationv1.MatchCondition
-		if len(o.TemplatePodCreators) > 0 && o.TemplateFingerprint != "" {
-			want = append(want, FastPathCondition(o.TemplatePodCreators, o.TemplateFingerprint))
-		}
-		for _, mc := range w.MatchConditions {
-			if mc.Name != FastPathConditionName {
-				want = append(want, mc)
-			}
-		}
-		if !equality.Semantic.DeepEqual(want, w.MatchConditions) {
+		if w.Name == PodMutatingWebhookName && !equality.Semantic.DeepEqual(want, w.MatchConditions) {
 			w.MatchConditions = want
 			changed = true
 		}

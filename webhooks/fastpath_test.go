@@ -57,10 +57,10 @@ func TestSyncFastPath(t *testing.T) {
 	// Another configuration: the condition is replaced, not added twice.
 	other := o
 	other.TemplateFingerprint = "0123456789abcdef"
-	if !SyncFastPath(installed, other) || len(names(installed)) != 2 {
+	if !SyncFastPath(installed, other) || len(names(installed)) != 1 {
 		t.Errorf("replace: conditions %v", names(installed))
 	}
-	// Turned off: removed; the others stay.
+	// Turned off: back to the plain condition.
 	off := o
 	off.TemplatePodCreators = nil
 	if !SyncFastPath(installed, off) {
@@ -77,7 +77,8 @@ func TestSyncFastPath(t *testing.T) {
 		}
 	}
 	c := FastPathCondition([]string{"system:kube-controller-manager"}, "abc")
-	for _, part := range []string{"request.userInfo.username in ['system:kube-controller-manager']", "r.kind == 'Job'", "== 'abc'", "'gpupack.io/checkpoint'", "'gpupack.io/placement'"} {
+	for _, part := range []string{"object != null && !(request.userInfo.username in ['system:kube-controller-manager'] && ", "r.kind == 'Job'", "== 'abc'",
+		"'gpupack.io/checkpoint'", "'gpupack.io/placement'", ") && (" + isGPU("Pod", "object") + ")"} {
 		if !strings.Contains(c.Expression, part) {
 			t.Errorf("condition lacks %q: %s", part, c.Expression)
 		}

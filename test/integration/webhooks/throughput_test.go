@@ -69,12 +69,13 @@ func TestPodCreateThroughput(t *testing.T) {
 	// applied): each kind against its own no-webhook baseline.
 	type variant struct {
 		name, ns string
-		job      bool
+		job, cpu bool
 	}
 	variants := []variant{{name: "no webhook"}, {name: "gpupack (default)"}, {name: "gpupack, ValidatePodCreate"}, {name: "allow-all mutating"}, {name: "mutating, one-label patch"}, {name: "allow-all mutating + validating"},
 		{name: "in-process MutatingAdmissionPolicy, one-label patch"},
-		{name: "job pods: no webhook", job: true}, {name: "job pods: gpupack (default, fast path)", job: true}, {name: "job pods: gpupack, fast path off", job: true}}
-	const jobBase, jobFast, jobSlow = 7, 8, 9
+		{name: "job pods: no webhook", job: true}, {name: "job pods: gpupack (default, fast path)", job: true}, {name: "job pods: gpupack, fast path off", job: true},
+		{name: "CPU pods: no webhook", cpu: true}, {name: "CPU pods: gpupack installed", cpu: true}}
+	const jobBase, jobFast, jobSlow, cpuBase, cpuGpupack = 7, 8, 9, 10, 11
 	for i := range variants {
 		variants[i].ns = env.Namespace(t, fmt.Sprintf("v%d", i))
 	}
@@ -113,6 +114,7 @@ func TestPodCreateThroughput(t *testing.T) {
 	objs = append(objs, scoped("allow2-", variants[5].ns, "/allow", false, true)...)
 	objs = append(objs, scoped("job-", variants[jobFast].ns, "", false, true)...)
 	objs = append(objs, scoped("slow-", variants[jobSlow].ns, "", false, true)...)
+	objs = append(objs, scoped("cpu-", variants[cpuGpupack].ns, "", false, true)...)
 	env.InstallWebhooks(t, opts, objs...)
 	// The same one-label mutation without any webhook: a CEL policy the
 	// apiserver applies in-process (no round trip, no JSON review), which
@@ -187,6 +189,9 @@ func TestPodCreateThroughput(t *testing.T) {
 					}
 					name := fmt.Sprintf("p-%d", i)
 					p, c := gpuPod(ns, name, map[string]string{v1alpha1.AnnotationGPUMemory: "20Gi"}, corev1.Container{Resources: oneGPU}), env.Client
+					if v.cpu {
+						p = gpuPod(ns, name, nil, corev1.Container{Resources: limits("cpu", "1")})
+					}
 					if v.job {
 						j := job.DeepCopy()
 						j.Namespace = ns
@@ -234,6 +239,9 @@ func TestPodCreateThroughput(t *testing.T) {
 	fmt.Fprintf(&b, "| variant | pods/s | ratio | per-batch ratio: median (min–max) | CPU ms/pod: kube-apiserver | etcd | test process (clients + webhook server) |\n|---|---|---|---|---|---|---|\n")
 	for i, v := range variants {
 		base := 0
+		if v.cpu {
+			base = cpuBase
+		}
 		if v.job {
 			base = jobBase
 		}
@@ -248,7 +256,7 @@ func TestPodCreateThroughput(t *testing.T) {
 		fmt.Fprintf(&b, "| %s | %.0f | %.3f | %.3f (%.2f–%.2f) | %s | %s | %s |\n", v.name, rate(i), rate(i)/rate(base), med, rs[0], rs[batches-1],
 			perPod(cpu[i]["kube-apiserver"]), perPod(cpu[i]["etcd"]), perPod(cpu[i]["self"]))
 	}
-	fmt.Fprintf(&b, "(job pods: ratio to job pods without webhooks)\n")
+	fmt.Fprintf(&b, "(job and CPU pods: ratio to the same pods without webhooks)\n")
 	p50, p99 := webhookLatency(t, env, "mpod.gpupack.io")
 	n50, n99 := webhookLatency(t, env, "allow-mpod.gpupack.io")
 	fmt.Fprintf(&b, "apiserver-observed gpupack mutating call p50 ≤ %s, p99 ≤ %s (allow-all: p50 ≤ %s, p99 ≤ %s)", p50, p99, n50, n99)

@@ -1,0 +1,141 @@
+package webhooks
+
+import (
+	"context"
+	"testing"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apiserver/pkg/admission"
+	plugincel "k8s.io/apiserver/pkg/admission/plugin/cel"
+	"k8s.io/apiserver/pkg/admission/plugin/webhook"
+	"k8s.io/apiserver/pkg/admission/plugin/webhook/matchconditions"
+	"k8s.io/apiserver/pkg/authentication/user"
+	"k8s.io/apiserver/pkg/cel/environment"
+
+	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
+	"github.com/gpupack/gpupack/flavors"
+	"github.com/gpupack/gpupack/webhooks/mutation"
+)
+
+// The pod webhook's match conditions, compiled and evaluated by the
+// apiserver's own code (k8s.io/apiserver's webhook accessor and matcher),
+// offline: which pods reach gpupack, and what deciding that costs the
+// apiserver for every pod created in the cluster.
+
+func podMatcher(t testing.TB, o ServeOptions) matchconditions.Matcher {
+	t.Helper()
+	mwc, _ := WebhookConfigurations(o)
+	for i := range mwc.Webhooks {
+		if mwc.Webhooks[i].Name == PodMutatingWebhookName {
+			compiler := plugincel.NewConditionCompiler(environment.MustBaseEnvSet(environment.DefaultCompatibilityVersion()))
+			return webhook.NewMutatingWebhookAccessor("uid", mwc.Name, &mwc.Webhooks[i]).GetCompiledMatcher(compiler)
+		}
+	}
+	t.Fatal("no pod webhook")
+	return nil
+}
+
+// podCreate is a pod creation as admission sees it, with a fresh lazy
+// object (the apiserver makes one per request).
+func podCreate(p *corev1.Pod, username string) *admission.VersionedAttributes {
+	kind := corev1.SchemeGroupVersion.WithKind("Pod")
+	attr := admission.NewAttributesRecord(p, nil, kind, p.Namespace, p.Name, corev1.SchemeGroupVersion.WithResource("pods"), "",
+		admission.Create, &metav1.CreateOptions{}, false, &user.DefaultInfo{Name: username})
+	va := &admission.VersionedAttributes{Attributes: attr, VersionedKind: kind}
+	va.VersionedObject.Set(p)
+	return va
+}
+
+type matchPods struct{ cpu, bare, job, jobNoGate *corev1.Pod }
+
+func makeMatchPods(t testing.TB) matchPods {
+	t.Helper()
+	gpu := corev1.ResourceRequirements{Limits: corev1.ResourceList{v1alpha1.ResourceNvidiaGPU: resource.MustParse("1"), corev1.ResourceCPU: resource.MustParse("2")}}
+	cpu := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "ns", Labels: map[string]string{"app": "web"}},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "web", Image: "nginx", Resources: corev1.ResourceRequirements{
+			Limits: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1"), corev1.ResourceMemory: resource.MustParse("1Gi")}}}}}}
+	bare := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns", Annotations: map[string]string{v1alpha1.AnnotationGPUMemory: "20Gi"}},
+		Spec: corev1.PodSpec{NodeSelector: map[string]string{flavors.LabelGPUProduct: "NVIDIA-H100-80GB-HBM3"},
+			Containers: []corev1.Container{{Name: "trainer", Image: "trainer", Resources: gpu}}}}
+	m, err := mutation.New(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	j := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "train", Namespace: "ns", UID: "job-uid", Annotations: map[string]string{v1alpha1.AnnotationGPUMemory: "20Gi", v1alpha1.AnnotationPlan: "x"}}}
+	j.Spec.Template.Spec = *bare.Spec.DeepCopy()
+	j.Spec.Template.Annotations = map[string]string{v1alpha1.AnnotationPlan: "plan-1"} // as Kueue starts it
+	if _, err := m.Job(j); err != nil {
+		t.Fatal(err)
+	}
+	job := &corev1.Pod{ObjectMeta: *j.Spec.Template.ObjectMeta.DeepCopy(), Spec: *j.Spec.Template.Spec.DeepCopy()}
+	job.Name, job.Namespace = "train-0-x", "ns"
+	job.Labels = map[string]string{"batch.kubernetes.io/job-name": "train", "batch.kubernetes.io/job-completion-index": "0"}
+	job.OwnerReferences = []metav1.OwnerReference{*metav1.NewControllerRef(j, batchv1.SchemeGroupVersion.WithKind("Job"))}
+	noGate := job.DeepCopy()
+	noGate.Spec.SchedulingGates = nil
+	return matchPods{cpu, bare, job, noGate}
+}
+
+func TestPodMatchConditions(t *testing.T) {
+	fast, err := DefaultServeOptions().WithFastPath(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pods := makeMatchPods(t)
+	const kcm, tenant = "system:kube-controller-manager", "alice"
+	for _, tc := range []struct {
+		name  string
+		o     ServeOptions
+		pod   *corev1.Pod
+		user  string
+		calls bool
+	}{
+		{"CPU pod", fast, pods.cpu, tenant, false},
+		{"CPU pod, no fast path", DefaultServeOptions(), pods.cpu, tenant, false},
+		{"bare GPU pod", fast, pods.bare, tenant, true},
+		{"job pod from the Job controller", fast, pods.job, kcm, false},
+		{"job pod from the Job controller, no fast path", DefaultServeOptions(), pods.job, kcm, true},
+		{"job pod copied by a tenant", fast, pods.job, tenant, true},
+		{"job pod with a plan but no gate", fast, pods.jobNoGate, kcm, true},
+	} {
+		r := podMatcher(t, tc.o).Match(context.Background(), podCreate(tc.pod.DeepCopy(), tc.user), nil, nil)
+		if r.Error != nil || r.Matches != tc.calls {
+			t.Errorf("%s: matches %v (error %v), want %v", tc.name, r.Matches, r.Error, tc.calls)
+		}
+	}
+}
+
+// BenchmarkPodMatchConditions: the apiserver CPU per pod creation spent
+// deciding whether to call gpupack's pod webhook.
+func BenchmarkPodMatchConditions(b *testing.B) {
+	fast, err := DefaultServeOptions().WithFastPath(Config{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	pods := makeMatchPods(b)
+	for _, bc := range []struct {
+		name string
+		o    ServeOptions
+		pod  *corev1.Pod
+		user string
+	}{
+		{"cpu-pod", fast, pods.cpu, "alice"},
+		{"bare-gpu-pod", fast, pods.bare, "alice"},
+		{"job-pod/fast-path", fast, pods.job, "system:kube-controller-manager"},
+		{"job-pod/fast-path-off", DefaultServeOptions(), pods.job, "system:kube-controller-manager"},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			m := podMatcher(b, bc.o)
+			ctx := context.Background()
+			b.ReportAllocs()
+			for b.Loop() {
+				if r := m.Match(ctx, podCreate(bc.pod, bc.user), nil, nil); r.Error != nil {
+					b.Fatal(r.Error)
+				}
+			}
+		})
+	}
+}
