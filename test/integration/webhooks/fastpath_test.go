@@ -256,6 +256,17 @@ func TestPodFastPath(t *testing.T) {
 	if hasGate(&job.Spec.Template.Spec, v1alpha1.SchedulingGatePlacement) {
 		t.Errorf("stopped job keeps the gate: %v", job.Spec.Template.Spec.SchedulingGates)
 	}
+	// Kueue starts a batch Job in one update: plan and suspend=false
+	// together. The apiserver accepts the gate the webhook adds to that
+	// update (a suspended Job that never ran may change its gates).
+	job.Spec.Template.Annotations[v1alpha1.AnnotationPlan] = "plan-2"
+	job.Spec.Suspend = ptr.To(false)
+	if err := env.Client.Update(ctx, job); err != nil {
+		t.Fatalf("starting the job as Kueue does: %v", err)
+	}
+	if !hasGate(&job.Spec.Template.Spec, v1alpha1.SchedulingGatePlacement) {
+		t.Errorf("started job: gates %v", job.Spec.Template.Spec.SchedulingGates)
+	}
 
 	// A re-applied manifest (helm upgrade, GitOps) drops the condition; the
 	// manager puts it back.
