@@ -257,6 +257,11 @@ func fractional(t *demoTB, env *framework.Env) {
 		framework.MakePyTorchJob("infer-20g", ns, "lq", 5, 1).Annotation(v1alpha1.AnnotationGPUMemory, "20Gi").Obj(),
 		framework.MakePyTorchJob("tune-30g", ns, "lq", 5, 1).Annotation(v1alpha1.AnnotationGPUMemory, "30Gi").Annotation(v1alpha1.AnnotationGPUCores, "50").Obj(),
 	}
+	podCalls := func() float64 {
+		n, _ := framework.CounterSum("gpupack_webhook_admissions_total", map[string]string{"webhook": "mutating", "kind": "Pod"})
+		return n
+	}
+	callsBefore := podCalls()
 	for _, j := range jobs {
 		env.MustCreate(t, j)
 	}
@@ -327,6 +332,9 @@ func fractional(t *demoTB, env *framework.Env) {
 			over++
 		}
 	}
+	calls := podCalls() - callsBefore
+	say("the training operator made the 12 pods from templates the job webhook had injected: the pod webhook was called %.0f times for them", calls)
+	expect(calls == 0, "pods from injected job templates skip the pod webhook (fast path)")
 	say("%d GPUs in use, %d of them shared by 2+ pods", len(perGPU), shared)
 	expect(shared > 0, "pods share GPUs")
 	expect(over == 0, "no GPU is planned past its allocatable 71903 MiB (81559 - 1500 - 10%%)")

@@ -12,6 +12,7 @@ import (
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	kueue "sigs.k8s.io/kueue/apis/kueue/v1beta2"
 )
 
@@ -203,4 +204,34 @@ func (e *Env) SetKubelet(t TB, node string, up bool) {
 	if err := e.Client.Patch(e.Ctx, n, client.RawPatch(types.MergePatchType, raw)); err != nil {
 		t.Fatalf("node %s kubelet up=%v: %v", node, up, err)
 	}
+}
+
+// CounterSum adds up the samples of counter name in this process's
+// controller-runtime metrics registry (what an in-process manager records)
+// whose labels include match.
+func CounterSum(name string, match map[string]string) (float64, error) {
+	mfs, err := metrics.Registry.Gather()
+	if err != nil {
+		return 0, err
+	}
+	var n float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	sample:
+		for _, m := range mf.GetMetric() {
+			l := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				l[lp.GetName()] = lp.GetValue()
+			}
+			for k, v := range match {
+				if l[k] != v {
+					continue sample
+				}
+			}
+			n += m.GetCounter().GetValue()
+		}
+	}
+	return n, nil
 }

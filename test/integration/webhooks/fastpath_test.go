@@ -12,7 +12,6 @@ import (
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
 	"github.com/gpupack/gpupack/flavors"
@@ -23,24 +22,9 @@ import (
 // podMutations counts the pod mutating webhook's answers in this process.
 func podMutations(t *testing.T) float64 {
 	t.Helper()
-	mfs, err := metrics.Registry.Gather()
+	n, err := framework.CounterSum("gpupack_webhook_admissions_total", map[string]string{"webhook": "mutating", "kind": "Pod"})
 	if err != nil {
 		t.Fatal(err)
-	}
-	var n float64
-	for _, mf := range mfs {
-		if mf.GetName() != "gpupack_webhook_admissions_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			l := map[string]string{}
-			for _, lp := range m.GetLabel() {
-				l[lp.GetName()] = lp.GetValue()
-			}
-			if l["webhook"] == "mutating" && l["kind"] == "Pod" {
-				n += m.GetCounter().GetValue()
-			}
-		}
 	}
 	return n
 }
