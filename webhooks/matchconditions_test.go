@@ -30,12 +30,51 @@ func podMatcher(t testing.TB, o ServeOptions) matchconditions.Matcher {
 	mwc, _ := WebhookConfigurations(o)
 	for i := range mwc.Webhooks {
 		if mwc.Webhooks[i].Name == PodMutatingWebhookName {
-			compiler := plugincel.NewConditionCompiler(environment.MustBaseEnvSet(environment.DefaultCompatibilityVersion()))
-			return webhook.NewMutatingWebhookAccessor("uid", mwc.Name, &mwc.Webhooks[i]).GetCompiledMatcher(compiler)
+			return webhook.NewMutatingWebhookAccessor("uid", mwc.Name, &mwc.Webhooks[i]).GetCompiledMatcher(celCompiler())
 		}
 	}
 	t.Fatal("no pod webhook")
 	return nil
+}
+
+func celCompiler() plugincel.ConditionCompiler {
+	return plugincel.NewConditionCompiler(environment.MustBaseEnvSet(environment.DefaultCompatibilityVersion()))
+}
+
+// With ValidatePodCreate the validating webhook sees fast-path pods too
+// (after every mutating webhook) and refuses one another webhook changed.
+func TestValidatePodCreateSeesFastPathPods(t *testing.T) {
+	o, err := DefaultServeOptions().WithFastPath(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.ValidatePodCreate = true
+	_, vwc := WebhookConfigurations(o)
+	pods := makeMatchPods(t)
+	for i := range vwc.Webhooks {
+		w := &vwc.Webhooks[i]
+		if w.Name != "vpod.gpupack.io" {
+			continue
+		}
+		m := webhook.NewValidatingWebhookAccessor("uid", vwc.Name, w).GetCompiledMatcher(celCompiler())
+		if r := m.Match(context.Background(), podCreate(pods.job.DeepCopy(), "system:kube-controller-manager"), nil, nil); r.Error != nil || !r.Matches {
+			t.Fatalf("validating webhook skips the fast-path pod: %+v", r)
+		}
+		mu, err := mutation.New(Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := mu.ValidatePod(pods.job.DeepCopy()); err != nil {
+			t.Errorf("fast-path pod refused: %v", err)
+		}
+		changed := pods.job.DeepCopy()
+		changed.Spec.Containers[0].Env = append(changed.Spec.Containers[0].Env, corev1.EnvVar{Name: v1alpha1.EnvLDPreload, Value: "/profiler.so"})
+		if err := mu.ValidatePod(changed); err == nil {
+			t.Error("a fast-path pod another webhook gave LD_PRELOAD is admitted")
+		}
+		return
+	}
+	t.Fatal("no validating pod webhook")
 }
 
 // podCreate is a pod creation as admission sees it, with a fresh lazy
