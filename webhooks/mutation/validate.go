@@ -179,13 +179,14 @@ func (m *Mutator) ValidatePyTorchJobUpdate(old, cur *kftraining.PyTorchJob) erro
 	return m.ValidatePyTorchJob(cur)
 }
 
-// ownedEnvAdded refuses an update that puts an owned env key on a GPU
-// container of a job's template: the mutating webhook strips them when the
-// job is created, and only a validating webhook sees updates, so the edit is
+// ownedEnvAdded refuses an update that puts an owned env key (or a new
+// value of one) on a GPU container of a job's template: the mutating
+// webhook replaces them with gpupack's own when the job is created, and on
+// updates it syncs only gates and the injection marker, so the edit is
 // refused rather than left for the pods (where a denial leaves the job
-// without pods). Keys already in the old template (a job created before
-// gpupack stripped templates) are left to the pod webhook, so Kueue's and
-// the operators' own updates of such jobs still go through.
+// without pods). Keys already in the old template (gpupack's own, or a
+// job created before templates were injected) do not block Kueue's and the
+// operators' own updates.
 func (m *Mutator) ownedEnvAdded(where string, jobAnn map[string]string, old, cur *corev1.PodTemplateSpec) error {
 	cp := cur.DeepCopy()
 	r, err := m.template(where, jobAnn, cp)
