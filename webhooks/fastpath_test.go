@@ -107,6 +107,7 @@ func TestJobUpdatePatch(t *testing.T) {
 	var doc map[string]any
 	_ = json.Unmarshal(raw, &doc)
 	doc["spec"].(map[string]any)["fieldFromTheFuture"] = "kept"
+	doc["spec"].(map[string]any)["bigNumberFromTheFuture"] = json.Number("9007199254740993") // 2^53+1: a float64 would round it
 	raw, _ = json.Marshal(doc)
 	upd := admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{Operation: admissionv1.Update, Object: runtime.RawExtension{Raw: raw}}}
 	resp := h[PathMutateJob].Handle(ctx, upd)
@@ -122,6 +123,11 @@ func TestJobUpdatePatch(t *testing.T) {
 	apply(t, upd, resp, &got)
 	if got["spec"].(map[string]any)["fieldFromTheFuture"] != "kept" {
 		t.Error("unknown field dropped")
+	}
+	for _, p := range resp.Patches {
+		if strings.Contains(p.Path, "FromTheFuture") {
+			t.Errorf("patch touches %s", p.Path)
+		}
 	}
 	var gotJob batchv1.Job
 	b, _ := json.Marshal(got)

@@ -107,7 +107,9 @@ func specPatch(before []byte, after any, warn []string) admission.Response {
 // template fields are never touched.
 func templatePatch(raw []byte, tmpls map[string]*corev1.PodTemplateSpec) admission.Response {
 	var doc map[string]any
-	if err := json.Unmarshal(raw, &doc); err != nil {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber() // numbers stay as written: no float64 rounding, no spurious ops
+	if err := dec.Decode(&doc); err != nil {
 		return admission.Errored(http.StatusBadRequest, err)
 	}
 	for ptr, t := range tmpls {
