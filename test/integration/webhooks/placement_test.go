@@ -33,22 +33,8 @@ func TestPyTorchJobPlacedOnPlan(t *testing.T) {
 	}
 	env.MustCreate(t, &v1alpha1.GangFitParameters{ObjectMeta: metav1.ObjectMeta{Name: "gf"}})
 	env.MustCreate(t, framework.MakeGangFitCheck("gang-fit", "gf"))
-	opts := env.WebhookServer()
-	env.StartManager(t, func(mgr ctrl.Manager) error {
-		if err := admissioncheck.Setup(mgr, admissioncheck.Options{}); err != nil {
-			return err
-		}
-		if err := webhooks.Setup(mgr, webhooks.Config{}); err != nil {
-			return err
-		}
-		return placement.Setup(mgr)
-	}, opts)
-	serve, err := webhooks.DefaultServeOptions().WithFastPath(webhooks.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mwc, vwc := webhooks.WebhookConfigurations(serve)
-	env.InstallWebhooks(t, opts, mwc, vwc)
+	_, serve := startWebhooks(t, env, webhooks.Config{},
+		func(mgr ctrl.Manager) error { return admissioncheck.Setup(mgr, admissioncheck.Options{}) }, placement.Setup)
 	env.MustCreate(t, framework.MakeResourceFlavor("gpu"))
 	env.MustCreate(t, framework.MakeClusterQueue("cq").GPUFlavor("gpu", 4, framework.H100).AdmissionChecks("gang-fit").Obj())
 	ns := env.Namespace(t, "team")

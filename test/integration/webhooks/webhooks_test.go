@@ -30,19 +30,28 @@ import (
 	"github.com/gpupack/gpupack/webhooks"
 )
 
-// startWebhooks serves gpupack's webhooks from this process and installs
-// their configurations in the apiserver; it returns the manager's stop.
-func startWebhooks(t *testing.T, env *framework.Env, cfg webhooks.Config) func() {
+// startWebhooks serves gpupack's webhooks (and whatever also registers) from
+// a manager in this process and installs their configurations, fast path
+// included, in the apiserver; it returns the manager's stop and the serve
+// options installed.
+func startWebhooks(t *testing.T, env *framework.Env, cfg webhooks.Config, also ...func(ctrl.Manager) error) (func(), webhooks.ServeOptions) {
 	t.Helper()
 	opts := env.WebhookServer()
-	stop := env.StartManager(t, func(mgr ctrl.Manager) error { return webhooks.Setup(mgr, cfg) }, opts)
+	stop := env.StartManager(t, func(mgr ctrl.Manager) error {
+		for _, setup := range append([]func(ctrl.Manager) error{func(mgr ctrl.Manager) error { return webhooks.Setup(mgr, cfg) }}, also...) {
+			if err := setup(mgr); err != nil {
+				return err
+			}
+		}
+		return nil
+	}, opts)
 	serve, err := webhooks.DefaultServeOptions().WithFastPath(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	mwc, vwc := webhooks.WebhookConfigurations(serve)
 	env.InstallWebhooks(t, opts, mwc, vwc)
-	return stop
+	return stop, serve
 }
 
 type warnings struct {
@@ -80,7 +89,7 @@ func limits(kv ...string) corev1.ResourceRequirements {
 
 func TestWebhooks(t *testing.T) {
 	env := framework.Start(t, framework.Options{})
-	stop := startWebhooks(t, env, webhooks.Config{})
+	stop, _ := startWebhooks(t, env, webhooks.Config{})
 	ns := env.Namespace(t, "wh")
 	ctx := env.Ctx
 	oneGPU := limits(v1alpha1.ResourceNvidiaGPU, "1")
