@@ -84,12 +84,9 @@ func TestPodCreateThroughput(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	scoped := func(prefix, ns, path string, strict, validating bool) []client.Object {
-		so := fast
-		if prefix == "slow-" {
-			so = webhooks.DefaultServeOptions()
-		}
-		so.ValidatePodCreate = strict
+	strict := fast
+	strict.ValidatePodCreate = true
+	scoped := func(prefix, ns, path string, so webhooks.ServeOptions, validating bool) []client.Object {
 		mwc, vwc := webhooks.WebhookConfigurations(so)
 		sel := &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": ns}}
 		m, v := mwc.Webhooks[0], vwc.Webhooks[0] // the pod webhooks
@@ -107,14 +104,14 @@ func TestPodCreateThroughput(t *testing.T) {
 		return []client.Object{mwc, vwc}
 	}
 	var objs []client.Object
-	objs = append(objs, scoped("", variants[1].ns, "", false, true)...)
-	objs = append(objs, scoped("strict-", variants[2].ns, "", true, true)...)
-	objs = append(objs, scoped("allow-", variants[3].ns, "/allow", false, false)...)
-	objs = append(objs, scoped("label-", variants[4].ns, "/label", false, false)...)
-	objs = append(objs, scoped("allow2-", variants[5].ns, "/allow", false, true)...)
-	objs = append(objs, scoped("job-", variants[jobFast].ns, "", false, true)...)
-	objs = append(objs, scoped("slow-", variants[jobSlow].ns, "", false, true)...)
-	objs = append(objs, scoped("cpu-", variants[cpuGpupack].ns, "", false, true)...)
+	objs = append(objs, scoped("", variants[1].ns, "", fast, true)...)
+	objs = append(objs, scoped("strict-", variants[2].ns, "", strict, true)...)
+	objs = append(objs, scoped("allow-", variants[3].ns, "/allow", fast, false)...)
+	objs = append(objs, scoped("label-", variants[4].ns, "/label", fast, false)...)
+	objs = append(objs, scoped("allow2-", variants[5].ns, "/allow", fast, true)...)
+	objs = append(objs, scoped("job-", variants[jobFast].ns, "", fast, true)...)
+	objs = append(objs, scoped("slow-", variants[jobSlow].ns, "", webhooks.DefaultServeOptions(), true)...)
+	objs = append(objs, scoped("cpu-", variants[cpuGpupack].ns, "", fast, true)...)
 	env.InstallWebhooks(t, opts, objs...)
 	// The same one-label mutation without any webhook: a CEL policy the
 	// apiserver applies in-process (no round trip, no JSON review), which
