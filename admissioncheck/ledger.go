@@ -10,6 +10,7 @@ import (
 	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
 	"github.com/gpupack/gpupack/admissioncheck/fit"
 	"github.com/gpupack/gpupack/admissioncheck/inventory"
+	"github.com/gpupack/gpupack/admissioncheck/usage"
 	"github.com/gpupack/gpupack/flavors"
 )
 
@@ -53,55 +54,33 @@ func buildLedger(ctx context.Context, c client.Client, planReader client.Reader,
 	if err := planReader.List(ctx, &plans); err != nil {
 		return nil, err
 	}
-	active := map[client.ObjectKey]bool{}
+	others := plans.Items[:0]
 	for i := range plans.Items {
-		p := &plans.Items[i]
-		key := client.ObjectKeyFromObject(p)
-		if key == skipPlan {
-			continue
-		}
-		slots := inventory.PlanSlots(p)
-		if len(slots) == 0 {
-			continue
-		}
-		active[key] = true
-		for _, s := range slots {
-			for _, u := range s.Usage {
-				l.use(u, false)
-			}
+		if client.ObjectKeyFromObject(&plans.Items[i]) != skipPlan {
+			others = append(others, plans.Items[i])
 		}
 	}
-	plansActive.Set(float64(len(active)))
-
 	var pods corev1.PodList
 	if err := c.List(ctx, &pods); err != nil {
 		return nil, err
 	}
-	for i := range pods.Items {
-		p := &pods.Items[i]
-		if _, ok := p.Annotations[v1alpha1.AnnotationDevices]; !ok {
-			continue
+	// One rule (package usage): every live pod's own devices, and each plan
+	// slot not taken by a counted pod bound to it by UID.
+	holders, warnings := usage.Ledger(pods.Items, others)
+	l.warnings = append(l.warnings, warnings...)
+	active := map[string]bool{}
+	for _, h := range holders {
+		if h.Plan != "" {
+			active[h.Plan] = true
 		}
-		// A pod of an active plan is counted through its plan's slot.
-		if plan := p.Annotations[v1alpha1.AnnotationPlan]; plan != "" && active[client.ObjectKey{Namespace: p.Namespace, Name: plan}] {
-			continue
-		}
-		us, holds, err := inventory.PodUsage(p)
-		if err != nil {
-			l.warnings = append(l.warnings, fmt.Sprintf("pod %s/%s: %v", p.Namespace, p.Name, err))
-			continue
-		}
-		if !holds {
-			continue
-		}
-		terminating := p.DeletionTimestamp != nil
-		if terminating {
+		if h.Terminating {
 			l.terminatingPods++
 		}
-		for _, u := range us {
-			l.use(u, terminating)
+		for _, u := range h.GPUs {
+			l.use(u, h.Terminating)
 		}
 	}
+	plansActive.Set(float64(len(active)))
 	return l, nil
 }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
 	"github.com/gpupack/gpupack/admissioncheck/fit"
 	"github.com/gpupack/gpupack/admissioncheck/inventory"
+	"github.com/gpupack/gpupack/admissioncheck/usage"
 	"github.com/gpupack/gpupack/flavors"
 )
 
@@ -189,21 +190,15 @@ func decide(nodesPath, podsPath, wlPath, paramsPath string) (*decision, error) {
 		if err != nil {
 			return nil, err
 		}
-		for i := range pods {
-			p := &pods[i]
-			us, holds, err := inventory.PodUsage(p)
-			if err != nil {
-				return nil, fmt.Errorf("%s: %v", podsPath, err)
-			}
-			if !holds {
-				continue
-			}
-			for _, u := range us {
+		holders, warnings := usage.Ledger(pods, nil)
+		d.warnings = append(d.warnings, warnings...)
+		for _, h := range holders {
+			for _, u := range h.GPUs {
 				if err := d.model.Use(u); err != nil {
-					d.warnings = append(d.warnings, fmt.Sprintf("pod %s/%s: %v; not counted", p.Namespace, p.Name, err))
+					d.warnings = append(d.warnings, fmt.Sprintf("pod %s: %v; not counted", h.Pod, err))
 					continue
 				}
-				if p.DeletionTimestamp != nil {
+				if h.Terminating {
 					terminating = append(terminating, u)
 				}
 			}

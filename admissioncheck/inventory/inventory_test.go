@@ -191,76 +191,6 @@ func rl(kv ...any) corev1.ResourceList {
 	return out
 }
 
-func TestPodUsage(t *testing.T) {
-	dev := map[string]string{v1alpha1.AnnotationDevices: "GPU-a:20480,GPU-b:20480"}
-	whole := map[string]string{v1alpha1.AnnotationDevices: "GPU-a:72227"}
-	shared := rl(v1alpha1.ResourceVGPU, 2, v1alpha1.ResourceGPUMemory, 40960, v1alpha1.ResourceGPUCores, 60)
-	terminating := pod(corev1.PodRunning, "n", dev, shared)
-	now := metav1.Now()
-	terminating.DeletionTimestamp = &now
-	pinned := pod(corev1.PodPending, "", map[string]string{v1alpha1.AnnotationDevices: "GPU-a:1", v1alpha1.AnnotationPlan: "wl-plan"}, shared)
-	cases := []struct {
-		name      string
-		pod       *corev1.Pod
-		want      []fit.Usage
-		wantHolds bool
-		wantErr   string
-	}{
-		{"running shared pod", pod(corev1.PodRunning, "n", dev, shared),
-			[]fit.Usage{{UUID: "GPU-a", MemoryMiB: 20480, Cores: 30}, {UUID: "GPU-b", MemoryMiB: 20480, Cores: 30}}, true, ""},
-		{"whole GPU pod is exclusive", pod(corev1.PodRunning, "n", whole, rl(v1alpha1.ResourceNvidiaGPU, 1)),
-			[]fit.Usage{{UUID: "GPU-a", MemoryMiB: 72227, Cores: 100, Exclusive: true}}, true, ""},
-		{"terminating pods still hold", terminating,
-			[]fit.Usage{{UUID: "GPU-a", MemoryMiB: 20480, Cores: 30}, {UUID: "GPU-b", MemoryMiB: 20480, Cores: 30}}, true, ""},
-		{"pinned by a plan before binding", pinned, []fit.Usage{{UUID: "GPU-a", MemoryMiB: 1, Cores: 30}}, true, ""},
-		{"unconverted shared pod (memory annotation) is not exclusive",
-			pod(corev1.PodRunning, "n", map[string]string{v1alpha1.AnnotationDevices: "GPU-a:20480", v1alpha1.AnnotationGPUMemory: "20Gi", v1alpha1.AnnotationGPUCores: "25"}, rl(v1alpha1.ResourceNvidiaGPU, 1)),
-			[]fit.Usage{{UUID: "GPU-a", MemoryMiB: 20480, Cores: 25}}, true, ""},
-		{"succeeded holds nothing", pod(corev1.PodSucceeded, "n", dev, shared), nil, false, ""},
-		{"failed holds nothing", pod(corev1.PodFailed, "n", dev, shared), nil, false, ""},
-		{"no devices annotation", pod(corev1.PodRunning, "n", nil, shared), nil, false, ""},
-		{"neither bound nor planned", pod(corev1.PodPending, "", dev, shared), nil, false, ""},
-		{"malformed devices", pod(corev1.PodRunning, "n", map[string]string{v1alpha1.AnnotationDevices: "GPU-a"}, shared), nil, false, "pod ns/p: gpupack.io/devices"},
-	}
-	for _, tc := range cases {
-		got, holds, err := PodUsage(tc.pod)
-		if tc.wantErr != "" {
-			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-				t.Errorf("%s: error %v, want %q", tc.name, err, tc.wantErr)
-			}
-			continue
-		}
-		if err != nil || holds != tc.wantHolds {
-			t.Errorf("%s: holds=%v err=%v", tc.name, holds, err)
-		}
-		if d := cmp.Diff(tc.want, got); d != "" {
-			t.Errorf("%s (-want +got):\n%s", tc.name, d)
-		}
-	}
-}
-
-func TestPlanUsage(t *testing.T) {
-	plan := &v1alpha1.GPUPlan{
-		Spec: v1alpha1.GPUPlanSpec{Assignments: []v1alpha1.PodAssignment{
-			{PodSet: "worker", Index: 0, Node: "n1", GPUs: []v1alpha1.GPUAssignment{{UUID: "a", MemoryMiB: 72227, Exclusive: true}}},
-			{PodSet: "worker", Index: 1, Node: "n1", GPUs: []v1alpha1.GPUAssignment{{UUID: "b", MemoryMiB: 1000, Cores: 20}}},
-		}},
-		Status: v1alpha1.GPUPlanStatus{Phase: v1alpha1.PlanPlanned, Bindings: []v1alpha1.SlotBinding{{PodSet: "worker", Index: 1, PodName: "w-1"}}},
-	}
-	want := []fit.Usage{{UUID: "a", MemoryMiB: 72227, Cores: 100, Exclusive: true}, {UUID: "b", MemoryMiB: 1000, Cores: 20}}
-	if d := cmp.Diff(want, PlanUsage(plan)); d != "" {
-		t.Errorf("PlanUsage (-want +got):\n%s", d)
-	}
-	slots := PlanSlots(plan)
-	if len(slots) != 2 || slots[0].PodName != "" || slots[1].PodName != "w-1" || slots[1].Node != "n1" {
-		t.Errorf("PlanSlots = %+v", slots)
-	}
-	plan.Status.Phase = v1alpha1.PlanReleased
-	if u := PlanUsage(plan); u != nil {
-		t.Errorf("released plan still reserves %v", u)
-	}
-}
-
 func TestPlanFromResult(t *testing.T) {
 	r := fit.Result{Fits: true, Level: "rack", Domain: "r1", Assignments: []fit.Assignment{
 		{PodSet: "w", Index: 0, Node: "n", GPUs: []fit.Usage{{UUID: "a", MemoryMiB: 5, Cores: 10}, {UUID: "b", MemoryMiB: 5, Cores: 10}}},
@@ -269,7 +199,10 @@ func TestPlanFromResult(t *testing.T) {
 	if spec.PodCount != 1 || spec.GPUCount != 2 || spec.Domain != "r1" || spec.Level != "rack" {
 		t.Errorf("spec = %+v", spec)
 	}
-	back := PlanUsage(&v1alpha1.GPUPlan{Spec: spec})
+	var back []fit.Usage
+	for _, g := range spec.Assignments[0].GPUs {
+		back = append(back, fit.Usage{UUID: g.UUID, MemoryMiB: g.MemoryMiB, Cores: g.Cores, Exclusive: g.Exclusive})
+	}
 	if d := cmp.Diff(r.Assignments[0].GPUs, back); d != "" {
 		t.Errorf("round trip (-want +got):\n%s", d)
 	}

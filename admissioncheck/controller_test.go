@@ -1,0 +1,191 @@
+package admissioncheck
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/record"
+	clocktesting "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	kueue "sigs.k8s.io/kueue/apis/kueue/v1beta2"
+	"sigs.k8s.io/kueue/pkg/util/admissioncheck"
+
+	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
+)
+
+const testCheck = "gangfit"
+
+func testScheme(t *testing.T) *runtime.Scheme {
+	t.Helper()
+	s := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, kueue.AddToScheme, v1alpha1.AddToScheme} {
+		if err := add(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return s
+}
+
+// gpuNode is a Ready node with n whole H100s named <name>-g<i>.
+func gpuNode(name string, n int, labels map[string]string) *corev1.Node {
+	var gpus []v1alpha1.GPUInfo
+	for i := 0; i < n; i++ {
+		gpus = append(gpus, v1alpha1.GPUInfo{UUID: fmt.Sprintf("%s-g%d", name, i), Index: i, Model: "NVIDIA-H100-80GB-HBM3", MemoryMiB: 81559})
+	}
+	return &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels, Annotations: map[string]string{v1alpha1.AnnotationGPUs: v1alpha1.FormatGPUs(gpus)}},
+		Status:     corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}},
+	}
+}
+
+type wlBuilder struct{ wl *kueue.Workload }
+
+// admittedWorkload: quota reserved, the gang-fit check Pending, one pod set
+// "main" of pods × gpus whole GPUs.
+func admittedWorkload(name string, uid types.UID, pods int32, gpus int64) *wlBuilder {
+	q := *resource.NewQuantity(gpus, resource.DecimalSI)
+	wl := &kueue.Workload{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", UID: uid},
+		Spec: kueue.WorkloadSpec{PodSets: []kueue.PodSet{{Name: kueue.DefaultPodSetName, Count: pods, Template: corev1.PodTemplateSpec{
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Resources: corev1.ResourceRequirements{
+				Limits: corev1.ResourceList{v1alpha1.ResourceNvidiaGPU: q}}}}},
+		}}}},
+		Status: kueue.WorkloadStatus{
+			Conditions: []metav1.Condition{{Type: kueue.WorkloadQuotaReserved, Status: metav1.ConditionTrue, Reason: "QuotaReserved",
+				LastTransitionTime: metav1.NewTime(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))}},
+			Admission: &kueue.Admission{ClusterQueue: "cq", PodSetAssignments: []kueue.PodSetAssignment{{Name: kueue.DefaultPodSetName, Count: &pods}}},
+			AdmissionChecks: []kueue.AdmissionCheckState{{Name: testCheck, State: kueue.CheckStatePending,
+				LastTransitionTime: metav1.NewTime(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))}},
+		},
+	}
+	return &wlBuilder{wl}
+}
+
+func (b *wlBuilder) ownedBy(apiVersion, kind, name string) *wlBuilder {
+	b.wl.OwnerReferences = append(b.wl.OwnerReferences, metav1.OwnerReference{APIVersion: apiVersion, Kind: kind, Name: name, UID: "owner", Controller: ptrTo(true)})
+	return b
+}
+
+func (b *wlBuilder) obj() *kueue.Workload { return b.wl }
+
+func ptrTo[T any](v T) *T { return &v }
+
+func gangFitCheck() *kueue.AdmissionCheck {
+	return &kueue.AdmissionCheck{ObjectMeta: metav1.ObjectMeta{Name: testCheck}, Spec: kueue.AdmissionCheckSpec{ControllerName: v1alpha1.ControllerName}}
+}
+
+// holderPod is a pod holding whole GPUs by its devices annotation.
+func holderPod(name string, uid types.UID, node, plan string, terminating bool, uuids ...string) *corev1.Pod {
+	devs := make([]v1alpha1.DeviceAssignment, len(uuids))
+	for i, u := range uuids {
+		devs[i] = v1alpha1.DeviceAssignment{UUID: u, MemoryMiB: 81559}
+	}
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", UID: uid,
+			Annotations: map[string]string{v1alpha1.AnnotationDevices: v1alpha1.FormatDevices(devs), v1alpha1.AnnotationPlan: plan}},
+		Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c", Resources: corev1.ResourceRequirements{
+			Limits: corev1.ResourceList{v1alpha1.ResourceNvidiaGPU: *resource.NewQuantity(int64(len(uuids)), resource.DecimalSI)}}}}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning},
+	}
+	if terminating {
+		now := metav1.Now()
+		p.DeletionTimestamp = &now
+		p.Finalizers = []string{"gpupack.io/checkpoint"} // the fake client keeps a deleted object only with a finalizer
+	}
+	return p
+}
+
+// planFor is a stored plan of workload wl: one slot per uuid.
+func planFor(wl *kueue.Workload, uuids ...string) *v1alpha1.GPUPlan {
+	p := &v1alpha1.GPUPlan{
+		ObjectMeta: metav1.ObjectMeta{Name: wl.Name, Namespace: wl.Namespace},
+		Spec:       v1alpha1.GPUPlanSpec{WorkloadName: wl.Name, WorkloadUID: wl.UID, PodCount: int32(len(uuids)), GPUCount: int32(len(uuids))},
+		Status:     v1alpha1.GPUPlanStatus{Phase: v1alpha1.PlanPlanned},
+	}
+	for i, u := range uuids {
+		node := u[:len(u)-3]
+		p.Spec.Assignments = append(p.Spec.Assignments, v1alpha1.PodAssignment{PodSet: string(kueue.DefaultPodSetName), Index: int32(i), Node: node,
+			GPUs: []v1alpha1.GPUAssignment{{UUID: u, MemoryMiB: 81559, Exclusive: true}}})
+	}
+	return p
+}
+
+type env struct {
+	t   *testing.T
+	c   client.Client
+	r   *workloadReconciler
+	rec *record.FakeRecorder
+}
+
+func newEnv(t *testing.T, objs ...client.Object) *env {
+	t.Helper()
+	s := testScheme(t)
+	c := fake.NewClientBuilder().WithScheme(s).WithObjects(append([]client.Object{gangFitCheck()}, objs...)...).
+		WithStatusSubresource(&kueue.Workload{}, &v1alpha1.GPUPlan{}, &kueue.AdmissionCheck{}).Build()
+	rec := record.NewFakeRecorder(100)
+	r := &workloadReconciler{client: c, planReader: c, recorder: rec, clock: clocktesting.NewFakeClock(time.Date(2026, 1, 2, 0, 0, 0, 0, time.UTC))}
+	return &env{t: t, c: c, r: r, rec: rec}
+}
+
+func (e *env) reconcile(wl *kueue.Workload) reconcile.Result {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := e.r.Reconcile(ctx, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(wl)})
+	if err != nil {
+		e.t.Fatalf("reconcile %s: %v", wl.Name, err)
+	}
+	return res
+}
+
+func (e *env) check(wl *kueue.Workload) kueue.AdmissionCheckState {
+	e.t.Helper()
+	cur := &kueue.Workload{}
+	if err := e.c.Get(context.Background(), client.ObjectKeyFromObject(wl), cur); err != nil {
+		e.t.Fatal(err)
+	}
+	st := admissioncheck.FindAdmissionCheck(cur.Status.AdmissionChecks, testCheck)
+	if st == nil {
+		e.t.Fatalf("%s has no check state", wl.Name)
+	}
+	return *st
+}
+
+func (e *env) plan(name string) *v1alpha1.GPUPlan {
+	p := &v1alpha1.GPUPlan{}
+	if err := e.c.Get(context.Background(), client.ObjectKey{Namespace: "ns", Name: name}, p); err != nil {
+		return nil
+	}
+	return p
+}
+
+// Issue 17 item 2: workload "wl" was evicted and re-admitted; its new plan
+// (same name) holds n1-g1, while its previous pod, still checkpointing,
+// holds n1-g0 and names plan "wl" in gpupack.io/plan. Another workload
+// asking for one GPU must wait for that pod, not be planned onto n1-g0.
+func TestReadmittedPlanDoesNotHideTerminatingPods(t *testing.T) {
+	wl := admittedWorkload("wl", "wl-uid-2", 1, 1).obj()
+	wl.Status.AdmissionChecks[0].State = kueue.CheckStateReady
+	other := admittedWorkload("other", "other-uid", 1, 1).obj()
+	e := newEnv(t, gpuNode("n1", 2, nil), wl, planFor(wl, "n1-g1"),
+		holderPod("wl-0-old", "old-pod-uid", "n1", "wl", true, "n1-g0"), other)
+	e.reconcile(other)
+	st := e.check(other)
+	if st.State != kueue.CheckStatePending {
+		p := e.plan("other")
+		t.Fatalf("other: check %s (%q), plan %+v; want Pending until the old pod of wl is gone", st.State, st.Message, p)
+	}
+	if e.plan("other") != nil {
+		t.Errorf("a plan was written for other onto GPUs still held")
+	}
+}
