@@ -36,7 +36,18 @@ import (
 type Options struct {
 	// Clock is for tests; defaults to the real clock.
 	Clock clock.Clock
+	// ReconcileTimeout bounds one reconcile (default 30s), so nothing can
+	// hold the decision worker for ever.
+	ReconcileTimeout time.Duration
+	// OwnerTimeout bounds the read of a Workload's owner for job-level
+	// settings (default 2s); the read never goes through the informer cache.
+	OwnerTimeout time.Duration
 }
+
+const (
+	defaultReconcileTimeout = 30 * time.Second
+	defaultOwnerTimeout     = 2 * time.Second
+)
 
 // Setup registers both reconcilers with a manager.
 func Setup(mgr ctrl.Manager, opts Options) error {
@@ -46,27 +57,40 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}
 	}
+	if opts.ReconcileTimeout <= 0 {
+		opts.ReconcileTimeout = defaultReconcileTimeout
+	}
+	if opts.OwnerTimeout <= 0 {
+		opts.OwnerTimeout = defaultOwnerTimeout
+	}
 	r := &workloadReconciler{
-		client:     mgr.GetClient(),
-		planReader: mgr.GetAPIReader(),
-		recorder:   mgr.GetEventRecorderFor(EventSource), //nolint:staticcheck // core/v1 Events show in kubectl describe
-		clock:      opts.Clock,
+		client:       mgr.GetClient(),
+		planReader:   mgr.GetAPIReader(),
+		ownerReader:  mgr.GetAPIReader(),
+		ownerTimeout: opts.OwnerTimeout,
+		recorder:     mgr.GetEventRecorderFor(EventSource), //nolint:staticcheck // core/v1 Events show in kubectl describe
+		clock:        opts.Clock,
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("gangfit-workload").
 		For(&kueue.Workload{}).
 		// Decisions are serial: each sees the plans of the previous one, so
 		// two workloads never get the same GPU capacity.
-		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
+		WithOptions(controller.Options{MaxConcurrentReconciles: 1, ReconciliationTimeout: opts.ReconcileTimeout}).
 		Complete(r)
 }
 
 type workloadReconciler struct {
 	client     client.Client
 	planReader client.Reader
-	recorder   record.EventRecorder
-	clock      clock.Clock
-	mu         sync.Mutex
+	// ownerReader reads a Workload's owner straight from the API server
+	// (never the informer cache: a Get of a kind the manager may not watch
+	// blocks there until the informer syncs, which it never does).
+	ownerReader  client.Reader
+	ownerTimeout time.Duration
+	recorder     record.EventRecorder
+	clock        clock.Clock
+	mu           sync.Mutex
 }
 
 func (r *workloadReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
@@ -156,10 +180,7 @@ func (r *workloadReconciler) decide(ctx context.Context, wl *kueue.Workload, che
 		decisions.WithLabelValues(ResultNoGPU).Inc()
 		return 0, r.setState(ctx, wl, check, kueue.CheckStateReady, "no pod set asks for GPUs", volcano.AddPodSetUpdates(wl, params, nil), params)
 	}
-	level, err := r.levelFor(ctx, wl, params)
-	if err != nil {
-		return 0, err
-	}
+	level := r.levelFor(ctx, wl, params)
 	buf := flavors.NewBuffer(params.Spec.Buffer.DriverOverheadMiB, params.Spec.Buffer.BufferPercent)
 	l, err := buildLedger(ctx, r.client, r.planReader, buf, planKey)
 	if err != nil {
@@ -292,28 +313,39 @@ func (r *workloadReconciler) applyFlavors(ctx context.Context, ps *kueue.PodSet,
 }
 
 // levelFor: the job's gpupack.io/gang-topology annotation (on a pod template
-// or the owning job) overrides the parameters' required level.
-func (r *workloadReconciler) levelFor(ctx context.Context, wl *kueue.Workload, p *v1alpha1.GangFitParameters) (string, error) {
+// or the owning job) overrides the parameters' required level. The owner is
+// read through ownerReader with a short timeout; any failure (no such kind,
+// no RBAC, gone, slow) reads as "not set", so a Workload of a job kind the
+// manager knows nothing about is decided like any other.
+func (r *workloadReconciler) levelFor(ctx context.Context, wl *kueue.Workload, p *v1alpha1.GangFitParameters) string {
 	for _, ps := range wl.Spec.PodSets {
 		if v := ps.Template.Annotations[v1alpha1.AnnotationGangTopology]; v != "" {
-			return v, nil
+			return v
 		}
 	}
-	if owner := metav1.GetControllerOf(wl); owner != nil {
-		gv, err := schema.ParseGroupVersion(owner.APIVersion)
-		if err == nil {
-			meta := &metav1.PartialObjectMetadata{}
-			meta.SetGroupVersionKind(gv.WithKind(owner.Kind))
-			if err := r.client.Get(ctx, client.ObjectKey{Namespace: wl.Namespace, Name: owner.Name}, meta); err == nil {
-				if v := meta.Annotations[v1alpha1.AnnotationGangTopology]; v != "" {
-					return v, nil
-				}
-			} else if !apierrors.IsNotFound(err) {
-				ctrl.LoggerFrom(ctx).V(2).Info("reading owner annotations", "error", err.Error())
-			}
-		}
+	owner := metav1.GetControllerOf(wl)
+	if owner == nil || r.ownerReader == nil {
+		return p.Spec.RequiredLevel
 	}
-	return p.Spec.RequiredLevel, nil
+	gv, err := schema.ParseGroupVersion(owner.APIVersion)
+	if err != nil {
+		return p.Spec.RequiredLevel
+	}
+	meta := &metav1.PartialObjectMetadata{}
+	meta.SetGroupVersionKind(gv.WithKind(owner.Kind))
+	octx, cancel := context.WithTimeout(ctx, r.ownerTimeout)
+	defer cancel()
+	if err := r.ownerReader.Get(octx, client.ObjectKey{Namespace: wl.Namespace, Name: owner.Name}, meta); err != nil {
+		if !apierrors.IsNotFound(err) {
+			ctrl.LoggerFrom(ctx).V(2).Info("owner not readable; its gang-topology annotation reads as not set",
+				"owner", owner.Kind+"/"+owner.Name, "error", err.Error())
+		}
+		return p.Spec.RequiredLevel
+	}
+	if v := meta.Annotations[v1alpha1.AnnotationGangTopology]; v != "" {
+		return v
+	}
+	return p.Spec.RequiredLevel
 }
 
 func (r *workloadReconciler) createPlan(ctx context.Context, wl *kueue.Workload, res fit.Result) (*v1alpha1.GPUPlan, error) {

@@ -7,9 +7,12 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/record"
@@ -188,4 +191,92 @@ func TestReadmittedPlanDoesNotHideTerminatingPods(t *testing.T) {
 	if e.plan("other") != nil {
 		t.Errorf("a plan was written for other onto GPUs still held")
 	}
+}
+
+// cacheClient models the manager's cached client: a Get of a kind whose
+// informer is not running (a JobSet, an MPIJob, any kind outside RBAC)
+// blocks until the informer syncs, which it never does. It records such
+// Gets; the test fails on any.
+type cacheClient struct {
+	client.Client
+	watched map[string]bool
+	blocked []string
+}
+
+func (c *cacheClient) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	gvk, err := c.Client.GroupVersionKindFor(obj)
+	if err == nil && obj.GetObjectKind().GroupVersionKind().Kind != "" {
+		gvk = obj.GetObjectKind().GroupVersionKind()
+	}
+	if err != nil || !c.watched[gvk.Kind] {
+		c.blocked = append(c.blocked, gvk.String()+" "+key.String())
+		<-ctx.Done() // the informer never syncs
+		return ctx.Err()
+	}
+	return c.Client.Get(ctx, key, obj, opts...)
+}
+
+// ownerReader answers owner reads the way the API server does for kinds
+// the manager cannot read.
+type ownerReader struct {
+	err   error
+	block bool
+	reads int
+}
+
+func (o *ownerReader) Get(ctx context.Context, key client.ObjectKey, obj client.Object, _ ...client.GetOption) error {
+	o.reads++
+	if o.block {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	return o.err
+}
+
+func (o *ownerReader) List(context.Context, client.ObjectList, ...client.ListOption) error {
+	return fmt.Errorf("not used")
+}
+
+// Issue 17 item 1: a Workload owned by a kind the manager does not watch
+// (JobSet, MPIJob, RayJob, TrainJob, LWS, AppWrapper) must be decided, and
+// must not make the only worker wait on an informer that never syncs.
+func TestOwnerOfUnwatchedKindNeverWedges(t *testing.T) {
+	noKind := &metaNoKindMatch{}
+	cases := []struct {
+		name  string
+		owner *ownerReader
+	}{
+		{"kind not installed", &ownerReader{err: noKind}},
+		{"kind outside RBAC", &ownerReader{err: forbidden()}},
+		{"API server slow", &ownerReader{block: true}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			wl := admittedWorkload("js", "js-uid", 2, 1).ownedBy("jobset.x-k8s.io/v1alpha2", "JobSet", "js").obj()
+			e := newEnv(t, gpuNode("n1", 2, nil), wl)
+			cc := &cacheClient{Client: e.c, watched: map[string]bool{"Workload": true, "AdmissionCheck": true, "GangFitParameters": true,
+				"ResourceFlavor": true, "GPUPlan": true, "Node": true, "Pod": true}}
+			e.r.client, e.r.ownerReader, e.r.ownerTimeout = cc, tc.owner, 50*time.Millisecond
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if _, err := e.r.Reconcile(ctx, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(wl)}); err != nil {
+				t.Fatalf("reconcile: %v (cached Gets that would block for ever: %v)", err, cc.blocked)
+			}
+			if len(cc.blocked) > 0 {
+				t.Errorf("cached Gets of unwatched kinds (block the worker for ever): %v", cc.blocked)
+			}
+			if st := e.check(wl); st.State != kueue.CheckStateReady {
+				t.Errorf("check %s (%q), want Ready", st.State, st.Message)
+			}
+			if tc.owner.reads != 1 {
+				t.Errorf("owner read %d times through the API reader, want 1", tc.owner.reads)
+			}
+		})
+	}
+}
+
+type metaNoKindMatch = apimeta.NoKindMatchError
+
+func forbidden() error {
+	return apierrors.NewForbidden(schema.GroupResource{Group: "jobset.x-k8s.io", Resource: "jobsets"}, "js", fmt.Errorf("RBAC"))
 }
