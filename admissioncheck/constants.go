@@ -27,6 +27,8 @@ const (
 	EventNeverFits          = "GangCanNeverFit"
 	EventPlanReleased       = "GPUPlanReleased"
 	EventBadRequest         = "BadGPURequest"
+	EventPlanLost           = "GPUPlanLost"
+	EventInventoryWarning   = "GPUInventoryWarning"
 
 	// Defaults of GangFitParameters.spec.retryBackoff.
 	DefaultRetryMinSeconds int32 = 5

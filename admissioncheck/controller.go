@@ -2,6 +2,7 @@ package admissioncheck
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -9,7 +10,9 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/tools/record"
@@ -104,8 +107,17 @@ func (r *workloadReconciler) Reconcile(ctx context.Context, req reconcile.Reques
 		return reconcile.Result{}, err
 	}
 	checks, err := admissioncheck.FilterForController(ctx, r.client, wl.Status.AdmissionChecks, v1alpha1.ControllerName)
-	if err != nil || len(checks) == 0 {
+	if err != nil {
 		return reconcile.Result{}, err
+	}
+	if len(checks) == 0 {
+		// Not (or no longer) ours: the check was removed from the
+		// ClusterQueue. A plan left behind would reserve GPUs for ever.
+		var plan v1alpha1.GPUPlan
+		if err := r.client.Get(ctx, req.NamespacedName, &plan); err != nil || plan.Spec.WorkloadUID != wl.UID {
+			return reconcile.Result{}, client.IgnoreNotFound(err)
+		}
+		return reconcile.Result{}, r.releasePlan(ctx, wl, req.NamespacedName, "the gang-fit check is no longer required by the workload's ClusterQueue")
 	}
 	if !workload.HasQuotaReservation(wl) || workload.IsFinished(wl) || workload.IsEvicted(wl) || !workload.IsActive(wl) {
 		return reconcile.Result{}, r.releasePlan(ctx, wl, req.NamespacedName, "workload no longer holds quota")
@@ -115,6 +127,9 @@ func (r *workloadReconciler) Reconcile(ctx context.Context, req reconcile.Reques
 		st := admissioncheck.FindAdmissionCheck(wl.Status.AdmissionChecks, name)
 		switch st.State {
 		case kueue.CheckStateReady:
+			if err := r.healReady(ctx, wl, name, st); err != nil {
+				return reconcile.Result{}, err
+			}
 			continue
 		case kueue.CheckStatePending:
 		default: // Retry / Rejected: Kueue releases quota; so do we.
@@ -124,6 +139,12 @@ func (r *workloadReconciler) Reconcile(ctx context.Context, req reconcile.Reques
 			continue
 		}
 		after, err := r.decide(ctx, wl, name)
+		if errors.Is(err, errReservationChanged) {
+			// Evicted or re-admitted while deciding: the write was refused and
+			// the plan released; the Workload's own update brings it back.
+			log.V(2).Info("quota reservation changed during the decision; not written", "check", name)
+			continue
+		}
 		if err != nil {
 			log.Error(err, "gang-fit decision failed", "check", name)
 			return reconcile.Result{}, err
@@ -133,6 +154,37 @@ func (r *workloadReconciler) Reconcile(ctx context.Context, req reconcile.Reques
 		}
 	}
 	return reconcile.Result{RequeueAfter: requeue}, nil
+}
+
+// healReady: a Ready check whose podSetUpdates name a plan that is gone (or
+// belongs to an earlier workload of the same name) would leave the pods
+// gated for ever. Retry makes Kueue evict and requeue; the next admission
+// is planned afresh.
+func (r *workloadReconciler) healReady(ctx context.Context, wl *kueue.Workload, check kueue.AdmissionCheckReference, st *kueue.AdmissionCheckState) error {
+	name := ""
+	for _, u := range st.PodSetUpdates {
+		if v := u.Annotations[v1alpha1.AnnotationPlan]; v != "" {
+			name = v
+		}
+	}
+	if name == "" {
+		return nil // no GPU pod set: nothing to place
+	}
+	var plan v1alpha1.GPUPlan
+	err := r.planReader.Get(ctx, client.ObjectKey{Namespace: wl.Namespace, Name: name}, &plan)
+	switch {
+	case err == nil && plan.Spec.WorkloadUID == wl.UID && plan.Status.Phase != v1alpha1.PlanReleased:
+		return nil
+	case err != nil && !apierrors.IsNotFound(err):
+		return err
+	}
+	msg := fmt.Sprintf("GPUPlan %s of this admission is gone; re-planning", name)
+	r.recorder.Event(wl, corev1.EventTypeWarning, EventPlanLost, msg)
+	err = r.setState(ctx, wl, check, kueue.CheckStateRetry, msg, nil, nil)
+	if errors.Is(err, errReservationChanged) {
+		return nil
+	}
+	return err
 }
 
 // decide evaluates one Pending check and writes the decision.
@@ -154,25 +206,31 @@ func (r *workloadReconciler) decide(ctx context.Context, wl *kueue.Workload, che
 	}
 	planKey := client.ObjectKey{Namespace: wl.Namespace, Name: wl.Name}
 
+	gang, gangErr := r.gangOf(ctx, wl)
 	// A plan stored for this very workload (e.g. by a manager that died
 	// before marking the check Ready) is reused: deciding again would count
-	// it twice or hand its GPUs to someone else.
+	// it twice or hand its GPUs to someone else. Only while it still matches
+	// the admission: pod counts and flavors can change between admissions.
 	var existing v1alpha1.GPUPlan
 	switch err := r.planReader.Get(ctx, planKey, &existing); {
-	case err == nil && existing.Spec.WorkloadUID == wl.UID && existing.Status.Phase != v1alpha1.PlanReleased:
-		return 0, r.setReady(ctx, wl, check, &existing, params, "GPUs reserved by an existing plan")
+	case err == nil && existing.Spec.WorkloadUID == wl.UID && existing.Status.Phase != v1alpha1.PlanReleased && gangErr == nil:
+		why := r.planMismatch(ctx, &existing, gang)
+		if why == "" {
+			return 0, r.writeReady(ctx, wl, check, &existing, params, "GPUs reserved by an existing plan")
+		}
+		ctrl.LoggerFrom(ctx).V(2).Info("stored plan does not match the admission; planning again", "plan", existing.Name, "why", why)
+		fallthrough
 	case err == nil:
-		if err := r.client.Delete(ctx, &existing); client.IgnoreNotFound(err) != nil {
+		if err := r.client.Delete(ctx, &existing, client.Preconditions{UID: &existing.UID}); client.IgnoreNotFound(err) != nil {
 			return 0, err
 		}
 	case !apierrors.IsNotFound(err):
 		return 0, err
 	}
 
-	gang, err := r.gangOf(ctx, wl)
-	if err != nil {
+	if gangErr != nil {
 		decisions.WithLabelValues(ResultRejected).Inc()
-		msg := "the GPU request cannot be read: " + err.Error()
+		msg := "the GPU request cannot be read: " + gangErr.Error()
 		r.recorder.Event(wl, corev1.EventTypeWarning, EventBadRequest, msg)
 		return 0, r.setState(ctx, wl, check, kueue.CheckStateRejected, msg, nil, params)
 	}
@@ -203,10 +261,16 @@ func (r *workloadReconciler) decide(ctx context.Context, wl *kueue.Workload, che
 		}
 		decisions.WithLabelValues(ResultReady).Inc()
 		msg := fmt.Sprintf("all %d pods fit on %d GPUs%s", gang.Pods(), plan.Spec.GPUCount, inDomain(res))
+		if err := r.writeReady(ctx, wl, check, plan, params, msg); err != nil {
+			return 0, err
+		}
 		r.recorder.Event(wl, corev1.EventTypeNormal, EventFits, msg+"; plan "+plan.Name)
-		return 0, r.setReady(ctx, wl, check, plan, params, msg)
+		return 0, nil
 	}
 	why := summarize(res)
+	if len(l.warnings) > 0 {
+		r.recorder.Event(wl, corev1.EventTypeWarning, EventInventoryWarning, truncate(warningsLine(l.warnings)))
+	}
 	if l.terminatingPods > 0 {
 		if later := l.settled.Fit(gang, opts); later.Fits {
 			decisions.WithLabelValues(ResultPending).Inc()
@@ -218,6 +282,15 @@ func (r *workloadReconciler) decide(ctx context.Context, wl *kueue.Workload, che
 		}
 	}
 	if never, reason := fit.Never(l.nodes, gang, opts); never {
+		// Rejected deactivates the Workload: only when no state of the
+		// declared inventory could ever hold the gang. An inventory that is
+		// empty, partly published or partly unreadable is not that.
+		if incomplete := l.incompleteInventory(); incomplete != "" {
+			decisions.WithLabelValues(ResultRetry).Inc()
+			msg := fmt.Sprintf("gang does not fit the GPU nodes read so far (%s), but %s; not rejecting while the inventory is incomplete", reason, incomplete)
+			r.recorder.Event(wl, corev1.EventTypeWarning, EventNoFit, truncate(msg))
+			return 0, r.setState(ctx, wl, check, kueue.CheckStateRetry, msg, nil, params)
+		}
 		decisions.WithLabelValues(ResultRejected).Inc()
 		msg := "the gang can never fit: " + reason
 		r.recorder.Event(wl, corev1.EventTypeWarning, EventNeverFits, msg)
@@ -225,8 +298,69 @@ func (r *workloadReconciler) decide(ctx context.Context, wl *kueue.Workload, che
 	}
 	decisions.WithLabelValues(ResultRetry).Inc()
 	msg := "gang does not fit now: " + why
-	r.recorder.Event(wl, corev1.EventTypeNormal, EventNoFit, msg)
+	if len(l.warnings) > 0 {
+		msg += "; inventory warnings: " + warningsLine(l.warnings)
+	}
+	r.recorder.Event(wl, corev1.EventTypeNormal, EventNoFit, truncate(msg))
 	return 0, r.setState(ctx, wl, check, kueue.CheckStateRetry, msg, nil, params)
+}
+
+// writeReady marks the check Ready for plan; if the Workload lost the
+// reservation meanwhile, the plan is released (its capacity is not the
+// next admission's) and errReservationChanged returned.
+func (r *workloadReconciler) writeReady(ctx context.Context, wl *kueue.Workload, check kueue.AdmissionCheckReference, plan *v1alpha1.GPUPlan, params *v1alpha1.GangFitParameters, msg string) error {
+	err := r.setReady(ctx, wl, check, plan, params, msg)
+	if errors.Is(err, errReservationChanged) {
+		if derr := r.client.Delete(ctx, plan, client.Preconditions{UID: &plan.UID}); client.IgnoreNotFound(derr) != nil {
+			return derr
+		}
+	}
+	return err
+}
+
+// planMismatch says why a stored plan no longer fits the admission ("" if
+// it does): a pod set's count changed, or a planned node no longer carries
+// the labels of the flavor Kueue assigned.
+func (r *workloadReconciler) planMismatch(ctx context.Context, plan *v1alpha1.GPUPlan, gang fit.Gang) string {
+	count := map[string]int{}
+	nodes := map[string][]string{}
+	for _, a := range plan.Spec.Assignments {
+		count[a.PodSet]++
+		nodes[a.PodSet] = append(nodes[a.PodSet], a.Node)
+	}
+	if len(count) != len(gang.PodSets) {
+		return fmt.Sprintf("plan has %d GPU pod sets, the admission %d", len(count), len(gang.PodSets))
+	}
+	for _, ps := range gang.PodSets {
+		if count[ps.Name] != ps.Count {
+			return fmt.Sprintf("pod set %s: plan has %d pods, the admission %d", ps.Name, count[ps.Name], ps.Count)
+		}
+		if len(ps.NodeSelector) == 0 {
+			continue
+		}
+		for _, n := range nodes[ps.Name] {
+			var node corev1.Node
+			if err := r.client.Get(ctx, client.ObjectKey{Name: n}, &node); err != nil {
+				return fmt.Sprintf("planned node %s: %v", n, err)
+			}
+			for k, v := range ps.NodeSelector {
+				if node.Labels[k] != v {
+					return fmt.Sprintf("planned node %s lacks %s=%s of the assigned flavor", n, k, v)
+				}
+			}
+		}
+	}
+	return ""
+}
+
+func warningsLine(ws []string) string {
+	const max = 3
+	more := ""
+	if len(ws) > max {
+		more = fmt.Sprintf(" (and %d more)", len(ws)-max)
+		ws = ws[:max]
+	}
+	return strings.Join(ws, "; ") + more
 }
 
 func inDomain(res fit.Result) string {
@@ -275,6 +409,12 @@ func (r *workloadReconciler) gangOf(ctx context.Context, wl *kueue.Workload) (fi
 				}
 				if psa.Count != nil {
 					podSets[i].Count = *psa.Count
+				}
+				// Pods Kueue counts as reclaimable (finished for good) need no GPUs.
+				for _, rp := range wl.Status.ReclaimablePods {
+					if rp.Name == psa.Name {
+						podSets[i].Count = max(0, podSets[i].Count-rp.Count)
+					}
 				}
 				if err := r.applyFlavors(ctx, &podSets[i], psa.Flavors); err != nil {
 					return fit.Gang{}, err
@@ -417,14 +557,45 @@ func (r *workloadReconciler) setReady(ctx context.Context, wl *kueue.Workload, c
 	return r.setState(ctx, wl, check, kueue.CheckStateReady, msg, updates, nil)
 }
 
-// setState writes one check's state (status update, retried on conflict).
+// errReservationChanged: the Workload no longer holds the quota reservation
+// the decision was made for (evicted, re-admitted, finished, deactivated).
+var errReservationChanged = errors.New("the workload's quota reservation changed during the decision")
+
+// sameReservation reports whether cur still holds the reservation that
+// was read as orig: same object, quota still reserved, not evicted or
+// finished, same admission, and the QuotaReserved condition not
+// re-established since.
+func sameReservation(orig, cur *kueue.Workload) bool {
+	if cur.UID != orig.UID || !workload.HasQuotaReservation(cur) || workload.IsEvicted(cur) || workload.IsFinished(cur) || !workload.IsActive(cur) {
+		return false
+	}
+	if !equality.Semantic.DeepEqual(orig.Status.Admission, cur.Status.Admission) {
+		return false
+	}
+	oc := apimeta.FindStatusCondition(orig.Status.Conditions, kueue.WorkloadQuotaReserved)
+	cc := apimeta.FindStatusCondition(cur.Status.Conditions, kueue.WorkloadQuotaReserved)
+	return oc != nil && cc != nil && oc.LastTransitionTime.Equal(&cc.LastTransitionTime)
+}
+
+// setState writes one check's state. The first write carries the
+// resourceVersion the decision read, so it fails if anything changed; on a
+// conflict the Workload is read again and the write retried only while it
+// still holds the same quota reservation (else errReservationChanged).
 func (r *workloadReconciler) setState(ctx context.Context, wl *kueue.Workload, check kueue.AdmissionCheckReference, state kueue.CheckState, msg string, updates []kueue.PodSetUpdate, params *v1alpha1.GangFitParameters) error {
 	msg = truncate(msg)
+	cur := wl.DeepCopy()
+	first := true
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		cur := &kueue.Workload{}
-		if err := r.client.Get(ctx, client.ObjectKeyFromObject(wl), cur); err != nil {
-			return err
+		if !first {
+			cur = &kueue.Workload{}
+			if err := r.apiReader().Get(ctx, client.ObjectKeyFromObject(wl), cur); err != nil {
+				return err
+			}
+			if !sameReservation(wl, cur) {
+				return errReservationChanged
+			}
 		}
+		first = false
 		old := admissioncheck.FindAdmissionCheck(cur.Status.AdmissionChecks, check)
 		if old == nil {
 			return nil
@@ -433,6 +604,10 @@ func (r *workloadReconciler) setState(ctx context.Context, wl *kueue.Workload, c
 			return nil
 		}
 		ns := *old.DeepCopy()
+		if ns.State != state {
+			// A new state starts now: Kueue keeps a non-zero time as given.
+			ns.LastTransitionTime = metav1.Time{}
+		}
 		ns.State, ns.Message, ns.PodSetUpdates = state, msg, updates
 		if state == kueue.CheckStateRetry && params != nil {
 			workload.UpdateAdmissionCheckRequeueState(&ns,
@@ -442,4 +617,13 @@ func (r *workloadReconciler) setState(ctx context.Context, wl *kueue.Workload, c
 		workload.SetAdmissionCheckState(&cur.Status.AdmissionChecks, ns, r.clock)
 		return r.client.Status().Update(ctx, cur, client.FieldOwner(FieldOwner))
 	})
+}
+
+// apiReader reads around the informer cache, so a retry after a conflict
+// sees the write that caused it.
+func (r *workloadReconciler) apiReader() client.Reader {
+	if r.planReader != nil {
+		return r.planReader
+	}
+	return r.client
 }

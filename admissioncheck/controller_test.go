@@ -3,6 +3,7 @@ package admissioncheck
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	kueue "sigs.k8s.io/kueue/apis/kueue/v1beta2"
 	"sigs.k8s.io/kueue/pkg/util/admissioncheck"
@@ -279,4 +281,179 @@ type metaNoKindMatch = apimeta.NoKindMatchError
 
 func forbidden() error {
 	return apierrors.NewForbidden(schema.GroupResource{Group: "jobset.x-k8s.io", Resource: "jobsets"}, "js", fmt.Errorf("RBAC"))
+}
+
+// Issue 17 item 3: Kueue evicts the Workload while the decision runs. The
+// Ready must not land on the evicted Workload, and the plan made for the
+// lost reservation must not keep its GPUs.
+func TestEvictedDuringDecisionIsNotMarkedReady(t *testing.T) {
+	wl := admittedWorkload("wl", "wl-uid", 1, 1).obj()
+	var base client.Client
+	evicted := false
+	c := fake.NewClientBuilder().WithScheme(testScheme(t)).WithObjects(gangFitCheck(), gpuNode("n1", 1, nil), wl).
+		WithStatusSubresource(&kueue.Workload{}, &v1alpha1.GPUPlan{}).
+		WithInterceptorFuncs(interceptor.Funcs{SubResourceUpdate: func(ctx context.Context, cl client.Client, sub string, obj client.Object, opts ...client.SubResourceUpdateOption) error {
+			if w, ok := obj.(*kueue.Workload); ok && !evicted {
+				// Kueue's eviction lands just before our write.
+				evicted = true
+				cur := &kueue.Workload{}
+				if err := base.Get(ctx, client.ObjectKeyFromObject(w), cur); err != nil {
+					return err
+				}
+				apimeta.SetStatusCondition(&cur.Status.Conditions, metav1.Condition{Type: kueue.WorkloadEvicted, Status: metav1.ConditionTrue, Reason: "Preempted"})
+				apimeta.SetStatusCondition(&cur.Status.Conditions, metav1.Condition{Type: kueue.WorkloadQuotaReserved, Status: metav1.ConditionFalse, Reason: "Pending"})
+				cur.Status.Admission = nil
+				cur.Status.AdmissionChecks[0].State = kueue.CheckStatePending
+				if err := base.Status().Update(ctx, cur); err != nil {
+					return err
+				}
+			}
+			return cl.SubResource(sub).Update(ctx, obj, opts...)
+		}}).Build()
+	base = c
+	e := &env{t: t, c: c, rec: record.NewFakeRecorder(100)}
+	e.r = &workloadReconciler{client: c, planReader: c, recorder: e.rec, clock: clocktesting.NewFakeClock(time.Now())}
+	e.reconcile(wl)
+	if !evicted {
+		t.Fatal("the eviction was never injected")
+	}
+	if st := e.check(wl); st.State == kueue.CheckStateReady {
+		t.Errorf("Ready written onto an evicted Workload (%q)", st.Message)
+	}
+	if p := e.plan("wl"); p != nil {
+		t.Errorf("plan of the lost reservation still stored: %+v", p.Spec.Assignments)
+	}
+}
+
+// Issue 17 item 3: a Ready check whose plan is gone (deleted while the
+// Workload was re-admitted) leaves pods gated for ever; the check heals it.
+func TestReadyCheckWithLostPlanRetries(t *testing.T) {
+	wl := admittedWorkload("wl", "wl-uid", 1, 1).obj()
+	wl.Status.AdmissionChecks[0].State = kueue.CheckStateReady
+	wl.Status.AdmissionChecks[0].PodSetUpdates = []kueue.PodSetUpdate{{Name: kueue.DefaultPodSetName, Annotations: map[string]string{v1alpha1.AnnotationPlan: "wl"}}}
+	old := admittedWorkload("wl", "earlier-uid", 1, 1).obj() // a plan of an earlier workload of the same name
+	for _, tc := range []struct {
+		name  string
+		plans []client.Object
+		want  kueue.CheckState
+	}{
+		{"plan deleted", nil, kueue.CheckStateRetry},
+		{"plan of an earlier workload", []client.Object{planFor(old, "n1-g0")}, kueue.CheckStateRetry},
+		{"plan present", []client.Object{planFor(wl, "n1-g0")}, kueue.CheckStateReady},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, append(tc.plans, gpuNode("n1", 1, nil), wl.DeepCopy())...)
+			e.reconcile(wl)
+			if st := e.check(wl); st.State != tc.want {
+				t.Errorf("check %s (%q), want %s", st.State, st.Message, tc.want)
+			}
+		})
+	}
+}
+
+// Issue 17 item 8: the check's lastTransitionTime is when it got its
+// current state, not when it became Pending.
+func TestLastTransitionTimeIsTheStateChange(t *testing.T) {
+	wl := admittedWorkload("wl", "wl-uid", 1, 1).obj()
+	e := newEnv(t, gpuNode("n1", 1, nil), wl)
+	e.reconcile(wl)
+	st := e.check(wl)
+	want := e.r.clock.Now()
+	if st.State != kueue.CheckStateReady || !st.LastTransitionTime.Time.Equal(want) {
+		t.Errorf("check %s at %v, want Ready at %v (the Pending time was %v)", st.State, st.LastTransitionTime, want, wl.Status.AdmissionChecks[0].LastTransitionTime)
+	}
+}
+
+// Issue 17 item 4: Rejected deactivates the Workload, so only an inventory
+// that is complete may prove a gang never fits.
+func TestRejectedOnlyOnCompleteInventory(t *testing.T) {
+	unpublished := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "fresh"}, Status: corev1.NodeStatus{
+		Capacity:   corev1.ResourceList{v1alpha1.ResourceNvidiaGPU: resource.MustParse("8")},
+		Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}}}
+	skewed := gpuNode("skewed", 8, nil)
+	skewed.Annotations[v1alpha1.AnnotationGPUs] = `[{"uuid":"s-0","index":0,"model":"H100","memoryMiB":81559,"health":"Healthy","mig":{"mode":"x"}}]`
+	unknownModel := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "b300", Labels: map[string]string{"nvidia.com/gpu.product": "NVIDIA-B300-SXM6", "nvidia.com/gpu.count": "8"}},
+		Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}}}
+	cases := []struct {
+		name    string
+		nodes   []client.Object
+		want    kueue.CheckState
+		wantMsg string
+	}{
+		{"no GPU node at all (fresh install, scale from zero)", nil, kueue.CheckStateRetry, "no node has published a GPU inventory yet"},
+		{"a node advertises GPUs but has no inventory yet", []client.Object{gpuNode("n1", 2, nil), unpublished}, kueue.CheckStateRetry, "node fresh has 8 nvidia.com/gpu but no inventory yet"},
+		{"a node's inventory fails strict parsing (version skew)", []client.Object{gpuNode("n1", 2, nil), skewed}, kueue.CheckStateRetry, "node skewed ignored"},
+		{"a GPU model without a profile", []client.Object{gpuNode("n1", 2, nil), unknownModel}, kueue.CheckStateRetry, "NVIDIA-B300-SXM6"},
+		{"complete inventory that can never hold 4 GPUs per pod", []client.Object{gpuNode("n1", 2, nil), gpuNode("n2", 2, nil)}, kueue.CheckStateRejected, "never fit"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			wl := admittedWorkload("wl", "wl-uid", 1, 4).obj()
+			e := newEnv(t, append(tc.nodes, wl)...)
+			e.reconcile(wl)
+			st := e.check(wl)
+			if st.State != tc.want || !strings.Contains(st.Message, tc.wantMsg) {
+				t.Errorf("check %s (%q), want %s with %q", st.State, st.Message, tc.want, tc.wantMsg)
+			}
+		})
+	}
+}
+
+// Issue 17 item 7: the check removed from the ClusterQueue (Kueue drops it
+// from the Workload) must not leave the plan reserving GPUs.
+func TestPlanReleasedWhenCheckLeavesClusterQueue(t *testing.T) {
+	wl := admittedWorkload("wl", "wl-uid", 1, 1).obj()
+	wl.Status.AdmissionChecks = nil
+	e := newEnv(t, gpuNode("n1", 1, nil), wl, planFor(wl, "n1-g0"))
+	e.reconcile(wl)
+	if p := e.plan("wl"); p != nil {
+		t.Errorf("plan still stored after the check left the ClusterQueue")
+	}
+}
+
+// Issue 17 item 7: pods Kueue counts as reclaimable need no GPUs.
+func TestReclaimablePodsNeedNoGPUs(t *testing.T) {
+	wl := admittedWorkload("wl", "wl-uid", 3, 1).obj()
+	wl.Status.ReclaimablePods = []kueue.ReclaimablePod{{Name: kueue.DefaultPodSetName, Count: 1}}
+	e := newEnv(t, gpuNode("n1", 2, nil), wl)
+	e.reconcile(wl)
+	if st := e.check(wl); st.State != kueue.CheckStateReady {
+		t.Fatalf("check %s (%q), want Ready: 2 of 3 pods still need GPUs and 2 are free", st.State, st.Message)
+	}
+	if p := e.plan("wl"); p == nil || len(p.Spec.Assignments) != 2 {
+		t.Errorf("plan %+v, want 2 slots", p)
+	}
+}
+
+// Issue 17 item 7: a stored plan is reused only while it matches the
+// admission (a re-admission with another count, or onto another flavor,
+// is planned afresh).
+func TestStoredPlanCheckedAgainstAdmission(t *testing.T) {
+	cases := []struct {
+		name      string
+		pods      int32
+		selector  map[string]string
+		wantSlots int
+		wantNode  string
+	}{
+		{"same admission reuses the plan", 1, nil, 1, "n1"},
+		{"count changed", 2, nil, 2, ""},
+		{"flavor moved to other nodes", 1, map[string]string{"pool": "b"}, 1, "n2"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			wl := admittedWorkload("wl", "wl-uid", tc.pods, 1).obj()
+			wl.Spec.PodSets[0].Template.Spec.NodeSelector = tc.selector
+			e := newEnv(t, gpuNode("n1", 1, map[string]string{"pool": "a"}), gpuNode("n2", 1, map[string]string{"pool": "b"}), wl,
+				planFor(admittedWorkload("wl", "wl-uid", 1, 1).obj(), "n1-g0"))
+			e.reconcile(wl)
+			if st := e.check(wl); st.State != kueue.CheckStateReady {
+				t.Fatalf("check %s (%q)", st.State, st.Message)
+			}
+			p := e.plan("wl")
+			if p == nil || len(p.Spec.Assignments) != tc.wantSlots || (tc.wantNode != "" && p.Spec.Assignments[0].Node != tc.wantNode) {
+				t.Errorf("plan %+v, want %d slot(s) on %q", p, tc.wantSlots, tc.wantNode)
+			}
+		})
+	}
 }

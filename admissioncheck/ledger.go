@@ -25,6 +25,21 @@ type ledger struct {
 	all, settled    *fit.Model
 	terminatingPods int
 	warnings        []string
+	// unread: GPU nodes whose inventory is missing or unreadable (agent
+	// not yet up, version skew, a model without a profile).
+	unread []string
+}
+
+// incompleteInventory says, in a clause, why the inventory read cannot
+// prove a gang never fits ("" when it can).
+func (l *ledger) incompleteInventory() string {
+	switch {
+	case len(l.nodes) == 0 && len(l.unread) == 0:
+		return "no node has published a GPU inventory yet"
+	case len(l.unread) > 0:
+		return fmt.Sprintf("%d GPU node(s) are not read (%s)", len(l.unread), warningsLine(l.unread))
+	}
+	return ""
 }
 
 // planReader reads GPUPlans bypassing the informer cache, so a plan created
@@ -38,11 +53,16 @@ func buildLedger(ctx context.Context, c client.Client, planReader client.Reader,
 	for i := range nodes.Items {
 		n := &nodes.Items[i]
 		if !hasGPUInventory(n) {
+			if q, ok := n.Status.Capacity[v1alpha1.ResourceNvidiaGPU]; ok && !q.IsZero() {
+				l.unread = append(l.unread, fmt.Sprintf("node %s has %s %s but no inventory yet", n.Name, q.String(), v1alpha1.ResourceNvidiaGPU))
+			}
 			continue
 		}
 		fn, err := inventory.NodeFromObject(n, buf, "")
 		if err != nil {
-			l.warnings = append(l.warnings, fmt.Sprintf("node %s ignored: %v", n.Name, err))
+			w := fmt.Sprintf("node %s ignored: %v", n.Name, err)
+			l.warnings = append(l.warnings, w)
+			l.unread = append(l.unread, w)
 			continue
 		}
 		l.nodes = append(l.nodes, fn)
