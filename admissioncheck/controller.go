@@ -23,13 +23,16 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 	kueue "sigs.k8s.io/kueue/apis/kueue/v1beta2"
 	"sigs.k8s.io/kueue/pkg/util/admissioncheck"
 	"sigs.k8s.io/kueue/pkg/workload"
 
 	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
 	"github.com/gpupack/gpupack/admissioncheck/fit"
+	"github.com/gpupack/gpupack/admissioncheck/gpucache"
 	"github.com/gpupack/gpupack/admissioncheck/inventory"
 	"github.com/gpupack/gpupack/admissioncheck/volcano"
 	"github.com/gpupack/gpupack/flavors"
@@ -66,6 +69,7 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 	if opts.OwnerTimeout <= 0 {
 		opts.OwnerTimeout = defaultOwnerTimeout
 	}
+	w := newWaiters()
 	r := &workloadReconciler{
 		client:       mgr.GetClient(),
 		planReader:   mgr.GetAPIReader(),
@@ -73,10 +77,20 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 		ownerTimeout: opts.OwnerTimeout,
 		recorder:     mgr.GetEventRecorderFor(EventSource), //nolint:staticcheck // core/v1 Events show in kubectl describe
 		clock:        opts.Clock,
+		cache:        gpucache.New(w.wake),
+		waiters:      w,
 	}
+	synced, err := feedCache(context.Background(), mgr, r.cache)
+	if err != nil {
+		return err
+	}
+	r.synced = synced
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("gangfit-workload").
 		For(&kueue.Workload{}).
+		// Capacity freed (a holder pod gone, a plan released, a node Ready)
+		// re-triggers the Workloads waiting for it.
+		WatchesRawSource(source.Channel(w.ch, &handler.TypedEnqueueRequestForObject[*kueue.Workload]{})).
 		// Decisions are serial: each sees the plans of the previous one, so
 		// two workloads never get the same GPU capacity.
 		WithOptions(controller.Options{MaxConcurrentReconciles: 1, ReconciliationTimeout: opts.ReconcileTimeout}).
@@ -91,6 +105,12 @@ type workloadReconciler struct {
 	// blocks there until the informer syncs, which it never does).
 	ownerReader  client.Reader
 	ownerTimeout time.Duration
+	// cache is the long-lived GPU model; synced says it has listed
+	// everything once (nil: always).
+	cache        *gpucache.Cache
+	synced       gpucache.Synced
+	waiters      *waiters
+	lastCapacity time.Time
 	recorder     record.EventRecorder
 	clock        clock.Clock
 	mu           sync.Mutex
@@ -98,6 +118,9 @@ type workloadReconciler struct {
 
 func (r *workloadReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	log := ctrl.LoggerFrom(ctx)
+	if r.synced != nil && !r.synced() {
+		return reconcile.Result{RequeueAfter: time.Second}, nil // the GPU model is still being listed
+	}
 	wl := &kueue.Workload{}
 	if err := r.client.Get(ctx, req.NamespacedName, wl); err != nil {
 		if apierrors.IsNotFound(err) {
@@ -113,9 +136,8 @@ func (r *workloadReconciler) Reconcile(ctx context.Context, req reconcile.Reques
 	if len(checks) == 0 {
 		// Not (or no longer) ours: the check was removed from the
 		// ClusterQueue. A plan left behind would reserve GPUs for ever.
-		var plan v1alpha1.GPUPlan
-		if err := r.client.Get(ctx, req.NamespacedName, &plan); err != nil || plan.Spec.WorkloadUID != wl.UID {
-			return reconcile.Result{}, client.IgnoreNotFound(err)
+		if plan, ok := r.cache.Plan(req.NamespacedName); !ok || plan.Spec.WorkloadUID != wl.UID {
+			return reconcile.Result{}, nil
 		}
 		return reconcile.Result{}, r.releasePlan(ctx, wl, req.NamespacedName, "the gang-fit check is no longer required by the workload's ClusterQueue")
 	}
@@ -170,17 +192,12 @@ func (r *workloadReconciler) healReady(ctx context.Context, wl *kueue.Workload, 
 	if name == "" {
 		return nil // no GPU pod set: nothing to place
 	}
-	var plan v1alpha1.GPUPlan
-	err := r.planReader.Get(ctx, client.ObjectKey{Namespace: wl.Namespace, Name: name}, &plan)
-	switch {
-	case err == nil && plan.Spec.WorkloadUID == wl.UID && plan.Status.Phase != v1alpha1.PlanReleased:
+	if plan, ok := r.cache.Plan(client.ObjectKey{Namespace: wl.Namespace, Name: name}); ok && plan.Spec.WorkloadUID == wl.UID && plan.Status.Phase != v1alpha1.PlanReleased {
 		return nil
-	case err != nil && !apierrors.IsNotFound(err):
-		return err
 	}
 	msg := fmt.Sprintf("GPUPlan %s of this admission is gone; re-planning", name)
 	r.recorder.Event(wl, corev1.EventTypeWarning, EventPlanLost, msg)
-	err = r.setState(ctx, wl, check, kueue.CheckStateRetry, msg, nil, nil)
+	err := r.setState(ctx, wl, check, kueue.CheckStateRetry, msg, nil, nil)
 	if errors.Is(err, errReservationChanged) {
 		return nil
 	}
@@ -211,21 +228,20 @@ func (r *workloadReconciler) decide(ctx context.Context, wl *kueue.Workload, che
 	// before marking the check Ready) is reused: deciding again would count
 	// it twice or hand its GPUs to someone else. Only while it still matches
 	// the admission: pod counts and flavors can change between admissions.
-	var existing v1alpha1.GPUPlan
-	switch err := r.planReader.Get(ctx, planKey, &existing); {
-	case err == nil && existing.Spec.WorkloadUID == wl.UID && existing.Status.Phase != v1alpha1.PlanReleased && gangErr == nil:
-		why := r.planMismatch(ctx, &existing, gang)
-		if why == "" {
-			return 0, r.writeReady(ctx, wl, check, &existing, params, "GPUs reserved by an existing plan")
+	if existing, ok := r.cache.Plan(planKey); ok {
+		if existing.Spec.WorkloadUID == wl.UID && existing.Status.Phase != v1alpha1.PlanReleased && gangErr == nil {
+			why := r.planMismatch(ctx, existing, gang)
+			if why == "" {
+				return 0, r.writeReady(ctx, wl, check, existing.DeepCopy(), params, "GPUs reserved by an existing plan")
+			}
+			ctrl.LoggerFrom(ctx).V(2).Info("stored plan does not match the admission; planning again", "plan", existing.Name, "why", why)
 		}
-		ctrl.LoggerFrom(ctx).V(2).Info("stored plan does not match the admission; planning again", "plan", existing.Name, "why", why)
-		fallthrough
-	case err == nil:
-		if err := r.client.Delete(ctx, &existing, client.Preconditions{UID: &existing.UID}); client.IgnoreNotFound(err) != nil {
+		// Replaced while the check is Pending: no pod of this admission
+		// exists yet, so its slots are free at once (an earlier workload's
+		// plan is released as usual).
+		if err := r.deletePlan(ctx, existing, existing.Spec.WorkloadUID != wl.UID); err != nil {
 			return 0, err
 		}
-	case !apierrors.IsNotFound(err):
-		return 0, err
 	}
 
 	if gangErr != nil {
@@ -240,11 +256,6 @@ func (r *workloadReconciler) decide(ctx context.Context, wl *kueue.Workload, che
 	}
 	level := r.levelFor(ctx, wl, params)
 	buf := flavors.NewBuffer(params.Spec.Buffer.DriverOverheadMiB, params.Spec.Buffer.BufferPercent)
-	l, err := buildLedger(ctx, r.client, r.planReader, buf, planKey)
-	if err != nil {
-		return 0, err
-	}
-	recordCapacity(l)
 	opts := fit.Options{Levels: params.Spec.TopologyLevels, Level: level, Policy: params.Spec.Policy}
 	if s := params.Spec.Search.MaxSteps; s != nil {
 		opts.MaxSteps = *s
@@ -253,10 +264,42 @@ func (r *workloadReconciler) decide(ctx context.Context, wl *kueue.Workload, che
 		opts.MaxDomains = int(*d)
 	}
 
-	res := l.all.Fit(gang, opts)
+	// The decision reads the long-lived model under its lock and, when the
+	// gang fits, assumes the plan before the lock is let go.
+	var (
+		res                fit.Result
+		plan               *v1alpha1.GPUPlan
+		settledFits, never bool
+		neverWhy           string
+		incomplete         string
+		warnings           []string
+		terminating        int
+		planErr            error
+	)
+	r.cache.Read(buf, func(s *gpucache.Snapshot) {
+		r.recordCapacity(s)
+		warnings, terminating = s.Warnings, s.Terminating
+		res = s.Model.Fit(gang, opts)
+		if res.Fits {
+			plan, planErr = r.newPlan(wl, res)
+			if planErr == nil {
+				s.Assume(plan.DeepCopy())
+			}
+			return
+		}
+		if terminating > 0 {
+			settledFits = s.Settled().Fit(gang, opts).Fits
+		}
+		if !settledFits {
+			never, neverWhy = fit.Never(s.Nodes, gang, opts)
+			incomplete = incompleteInventory(s)
+		}
+	})
+	if planErr != nil {
+		return 0, planErr
+	}
 	if res.Fits {
-		plan, err := r.createPlan(ctx, wl, res)
-		if err != nil {
+		if err := r.createPlan(ctx, plan); err != nil {
 			return 0, err
 		}
 		decisions.WithLabelValues(ResultReady).Inc()
@@ -268,41 +311,53 @@ func (r *workloadReconciler) decide(ctx context.Context, wl *kueue.Workload, che
 		return 0, nil
 	}
 	why := summarize(res)
-	if len(l.warnings) > 0 {
-		r.recorder.Event(wl, corev1.EventTypeWarning, EventInventoryWarning, truncate(warningsLine(l.warnings)))
+	if len(warnings) > 0 {
+		r.recorder.Event(wl, corev1.EventTypeWarning, EventInventoryWarning, truncate(warningsLine(warnings)))
 	}
-	if l.terminatingPods > 0 {
-		if later := l.settled.Fit(gang, opts); later.Fits {
-			decisions.WithLabelValues(ResultPending).Inc()
-			msg := fmt.Sprintf("waiting for GPUs held by %d terminating pod(s): the gang fits once they are gone (now: %s)", l.terminatingPods, why)
-			if st := admissioncheck.FindAdmissionCheck(wl.Status.AdmissionChecks, check); st == nil || st.Message != truncate(msg) {
-				r.recorder.Event(wl, corev1.EventTypeNormal, EventWaitingTerminating, msg)
-			}
-			return pendingRecheck, r.setState(ctx, wl, check, kueue.CheckStatePending, msg, nil, params)
+	if settledFits {
+		decisions.WithLabelValues(ResultPending).Inc()
+		msg := fmt.Sprintf("waiting for GPUs held by %d terminating pod(s): the gang fits once they are gone (now: %s)", terminating, why)
+		if st := admissioncheck.FindAdmissionCheck(wl.Status.AdmissionChecks, check); st == nil || st.Message != truncate(msg) {
+			r.recorder.Event(wl, corev1.EventTypeNormal, EventWaitingTerminating, msg)
 		}
+		r.wait(wl, true)
+		return pendingRecheck, r.setState(ctx, wl, check, kueue.CheckStatePending, msg, nil, params)
 	}
-	if never, reason := fit.Never(l.nodes, gang, opts); never {
+	r.wait(wl, false)
+	if never {
 		// Rejected deactivates the Workload: only when no state of the
 		// declared inventory could ever hold the gang. An inventory that is
 		// empty, partly published or partly unreadable is not that.
-		if incomplete := l.incompleteInventory(); incomplete != "" {
+		if incomplete != "" {
 			decisions.WithLabelValues(ResultRetry).Inc()
-			msg := fmt.Sprintf("gang does not fit the GPU nodes read so far (%s), but %s; not rejecting while the inventory is incomplete", reason, incomplete)
+			msg := fmt.Sprintf("gang does not fit the GPU nodes read so far (%s), but %s; not rejecting while the inventory is incomplete", neverWhy, incomplete)
 			r.recorder.Event(wl, corev1.EventTypeWarning, EventNoFit, truncate(msg))
 			return 0, r.setState(ctx, wl, check, kueue.CheckStateRetry, msg, nil, params)
 		}
 		decisions.WithLabelValues(ResultRejected).Inc()
-		msg := "the gang can never fit: " + reason
+		msg := "the gang can never fit: " + neverWhy
 		r.recorder.Event(wl, corev1.EventTypeWarning, EventNeverFits, msg)
 		return 0, r.setState(ctx, wl, check, kueue.CheckStateRejected, msg, nil, params)
 	}
 	decisions.WithLabelValues(ResultRetry).Inc()
 	msg := "gang does not fit now: " + why
-	if len(l.warnings) > 0 {
-		msg += "; inventory warnings: " + warningsLine(l.warnings)
+	if len(warnings) > 0 {
+		msg += "; inventory warnings: " + warningsLine(warnings)
 	}
 	r.recorder.Event(wl, corev1.EventTypeNormal, EventNoFit, truncate(msg))
 	return 0, r.setState(ctx, wl, check, kueue.CheckStateRetry, msg, nil, params)
+}
+
+// incompleteInventory says, in a clause, why the inventory read cannot
+// prove a gang never fits ("" when it can).
+func incompleteInventory(s *gpucache.Snapshot) string {
+	switch {
+	case len(s.Nodes) == 0 && len(s.Unread) == 0:
+		return "no node has published a GPU inventory yet"
+	case len(s.Unread) > 0:
+		return fmt.Sprintf("%d GPU node(s) are not read (%s)", len(s.Unread), warningsLine(s.Unread))
+	}
+	return ""
 }
 
 // writeReady marks the check Ready for plan; if the Workload lost the
@@ -311,7 +366,7 @@ func (r *workloadReconciler) decide(ctx context.Context, wl *kueue.Workload, che
 func (r *workloadReconciler) writeReady(ctx context.Context, wl *kueue.Workload, check kueue.AdmissionCheckReference, plan *v1alpha1.GPUPlan, params *v1alpha1.GangFitParameters, msg string) error {
 	err := r.setReady(ctx, wl, check, plan, params, msg)
 	if errors.Is(err, errReservationChanged) {
-		if derr := r.client.Delete(ctx, plan, client.Preconditions{UID: &plan.UID}); client.IgnoreNotFound(derr) != nil {
+		if derr := r.deletePlan(ctx, plan, true); derr != nil {
 			return derr
 		}
 	}
@@ -488,24 +543,35 @@ func (r *workloadReconciler) levelFor(ctx context.Context, wl *kueue.Workload, p
 	return p.Spec.RequiredLevel
 }
 
-func (r *workloadReconciler) createPlan(ctx context.Context, wl *kueue.Workload, res fit.Result) (*v1alpha1.GPUPlan, error) {
+// newPlan renders a fit result as the workload's plan object.
+func (r *workloadReconciler) newPlan(wl *kueue.Workload, res fit.Result) (*v1alpha1.GPUPlan, error) {
 	plan := &v1alpha1.GPUPlan{
 		ObjectMeta: metav1.ObjectMeta{Name: wl.Name, Namespace: wl.Namespace,
 			Labels: map[string]string{"gpupack.io/workload": truncateLabel(wl.Name)}},
 		Spec: inventory.PlanFromResult(res),
 	}
 	plan.Spec.WorkloadName, plan.Spec.WorkloadUID = wl.Name, wl.UID
+	plan.Status.Phase = v1alpha1.PlanPlanned
 	if err := controllerutil.SetOwnerReference(wl, plan, r.client.Scheme()); err != nil {
 		return nil, err
 	}
-	if err := r.client.Create(ctx, plan); err != nil {
-		return nil, err
-	}
-	plan.Status.Phase = v1alpha1.PlanPlanned
-	if err := r.client.Status().Update(ctx, plan); err != nil {
-		return nil, err
-	}
 	return plan, nil
+}
+
+// createPlan writes an assumed plan; if the write fails the assumption is
+// forgotten (the GPUs are free again).
+func (r *workloadReconciler) createPlan(ctx context.Context, plan *v1alpha1.GPUPlan) error {
+	key := client.ObjectKeyFromObject(plan)
+	status := plan.Status
+	if err := r.client.Create(ctx, plan); err != nil {
+		r.cache.Forget(key, plan.Spec.WorkloadUID)
+		return err
+	}
+	r.cache.Created(key, plan.Spec.WorkloadUID, plan.UID)
+	plan.Status = status
+	// A failed status write leaves a plan without phase: it reserves its
+	// slots all the same (only Released does not), and is reused next time.
+	return r.client.Status().Update(ctx, plan)
 }
 
 func truncateLabel(s string) string {
@@ -518,18 +584,39 @@ func truncateLabel(s string) string {
 // releasePlan deletes the workload's plan: its pods that still exist keep
 // their GPUs counted through their own gpupack.io/devices annotation.
 func (r *workloadReconciler) releasePlan(ctx context.Context, wl *kueue.Workload, key client.ObjectKey, why string) error {
-	var plan v1alpha1.GPUPlan
-	if err := r.planReader.Get(ctx, key, &plan); err != nil {
-		return client.IgnoreNotFound(err)
+	r.forgetWaiting(key)
+	plan, ok := r.cache.Plan(key)
+	if !ok {
+		return nil
 	}
 	if wl != nil && plan.Spec.WorkloadUID != "" && plan.Spec.WorkloadUID != wl.UID {
 		wl = nil // a plan of an earlier workload of the same name
 	}
-	if err := r.client.Delete(ctx, &plan); client.IgnoreNotFound(err) != nil {
+	if err := r.deletePlan(ctx, plan, true); err != nil {
 		return err
 	}
 	if wl != nil {
 		r.recorder.Eventf(wl, corev1.EventTypeNormal, EventPlanReleased, "GPUPlan %s released: %s", plan.Name, why)
+	}
+	return nil
+}
+
+// deletePlan deletes one plan object (never a newer one of the same name)
+// and tells the model at once; hold keeps its slots held for
+// gpucache.GhostTTL (pods may hold them unseen).
+func (r *workloadReconciler) deletePlan(ctx context.Context, plan *v1alpha1.GPUPlan, hold bool) error {
+	var pre client.DeleteOption = client.Preconditions{}
+	if plan.UID != "" {
+		pre = client.Preconditions{UID: &plan.UID}
+	}
+	err := r.client.Delete(ctx, plan, pre)
+	if err := client.IgnoreNotFound(err); err != nil && !apierrors.IsConflict(err) {
+		return err
+	}
+	if hold {
+		r.cache.DeletePlan(client.ObjectKeyFromObject(plan), plan.UID, plan.Spec.WorkloadUID)
+	} else {
+		r.cache.ReplacePlan(client.ObjectKeyFromObject(plan), plan.UID, plan.Spec.WorkloadUID)
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package admissioncheck
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -26,6 +27,7 @@ import (
 	"sigs.k8s.io/kueue/pkg/util/admissioncheck"
 
 	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
+	"github.com/gpupack/gpupack/admissioncheck/gpucache"
 )
 
 const testCheck = "gangfit"
@@ -142,8 +144,33 @@ func newEnv(t *testing.T, objs ...client.Object) *env {
 	return &env{t: t, c: c, r: r, rec: rec}
 }
 
+// listCache is what a (re)started manager's informers deliver: a model
+// listed from the API.
+func listCache(t *testing.T, c client.Client) *gpucache.Cache {
+	t.Helper()
+	ctx := context.Background()
+	gc := gpucache.New(nil)
+	var nodes corev1.NodeList
+	var pods corev1.PodList
+	var plans v1alpha1.GPUPlanList
+	if err := errors.Join(c.List(ctx, &nodes), c.List(ctx, &pods), c.List(ctx, &plans)); err != nil {
+		t.Fatal(err)
+	}
+	for i := range nodes.Items {
+		gc.UpsertNode(&nodes.Items[i])
+	}
+	for i := range pods.Items {
+		gc.UpsertPod(&pods.Items[i])
+	}
+	for i := range plans.Items {
+		gc.UpsertPlan(&plans.Items[i])
+	}
+	return gc
+}
+
 func (e *env) reconcile(wl *kueue.Workload) reconcile.Result {
 	e.t.Helper()
+	e.r.cache = listCache(e.t, e.c)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	res, err := e.r.Reconcile(ctx, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(wl)})
@@ -259,6 +286,7 @@ func TestOwnerOfUnwatchedKindNeverWedges(t *testing.T) {
 			cc := &cacheClient{Client: e.c, watched: map[string]bool{"Workload": true, "AdmissionCheck": true, "GangFitParameters": true,
 				"ResourceFlavor": true, "GPUPlan": true, "Node": true, "Pod": true}}
 			e.r.client, e.r.ownerReader, e.r.ownerTimeout = cc, tc.owner, 50*time.Millisecond
+			e.r.cache = listCache(t, e.c)
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			if _, err := e.r.Reconcile(ctx, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(wl)}); err != nil {

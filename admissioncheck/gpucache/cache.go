@@ -361,19 +361,33 @@ func (c *Cache) UpsertPlan(p *v1alpha1.GPUPlan) {
 // process's own successful Delete). objUID, when set, must match the stored
 // object, so a late event of an earlier plan of the same name cannot drop
 // a newer one; an assumed plan of the same workload not yet seen back is
-// dropped too.
+// dropped too. Its slots stay held for GhostTTL.
 func (c *Cache) DeletePlan(key types.NamespacedName, objUID, workloadUID types.UID) {
+	c.deletePlan(key, objUID, workloadUID, true)
+}
+
+// ReplacePlan is DeletePlan for a plan whose slots no pod can hold: the
+// decision replaces a stored plan of the same Workload while its check is
+// Pending (Kueue has not admitted it, so its pods are not created or are
+// gated). Its slots are free at once.
+func (c *Cache) ReplacePlan(key types.NamespacedName, objUID, workloadUID types.UID) {
+	c.deletePlan(key, objUID, workloadUID, false)
+}
+
+func (c *Cache) deletePlan(key types.NamespacedName, objUID, workloadUID types.UID, hold bool) {
 	c.mu.Lock()
 	e, ok := c.plans[key]
 	ok = ok && (objUID == "" || e.objUID == objUID)
 	if ok {
-		c.removeEntry(e, true)
+		c.removeEntry(e, hold)
 		delete(c.plans, key)
 	}
 	a, aok := c.assumed[key]
-	aok = aok && a.workloadUID == workloadUID
+	// An assumed plan goes only with its own object (or when no object is
+	// named): a late delete of an earlier plan of the same name must not.
+	aok = aok && a.workloadUID == workloadUID && (objUID == "" || a.objUID == objUID)
 	if aok {
-		c.removeEntry(a, true)
+		c.removeEntry(a, hold)
 		delete(c.assumed, key)
 	}
 	c.mu.Unlock()
@@ -387,6 +401,14 @@ func (c *Cache) DeletePlan(key types.NamespacedName, objUID, workloadUID types.U
 func (c *Cache) Assume(p *v1alpha1.GPUPlan) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.assume(p)
+}
+
+// Assume is Cache.Assume from inside Read: the plan counts before the lock
+// is released, so no event or decision sees the model without it.
+func (s *Snapshot) Assume(p *v1alpha1.GPUPlan) { s.c.assume(p) }
+
+func (c *Cache) assume(p *v1alpha1.GPUPlan) {
 	key := types.NamespacedName{Namespace: p.Namespace, Name: p.Name}
 	if old, ok := c.assumed[key]; ok {
 		c.removeEntry(old, true) // written, perhaps: its slots may be taken
@@ -394,6 +416,15 @@ func (c *Cache) Assume(p *v1alpha1.GPUPlan) {
 	e := c.newEntry(p)
 	c.addEntry(e)
 	c.assumed[key] = e
+}
+
+// Created records the object UID the API server gave an assumed plan.
+func (c *Cache) Created(key types.NamespacedName, workloadUID, objUID types.UID) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if a, ok := c.assumed[key]; ok && a.workloadUID == workloadUID {
+		a.objUID = objUID
+	}
 }
 
 // Forget drops an assumed plan of workloadUID (its write failed).
@@ -409,6 +440,9 @@ func (c *Cache) Forget(key types.NamespacedName, workloadUID types.UID) {
 		c.freed()
 	}
 }
+
+// Synced is for callers that feed the cache from informers.
+type Synced func() bool
 
 // Plan returns the stored (or assumed) plan of key: the informer's object
 // (read only) when there is one.

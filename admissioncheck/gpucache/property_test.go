@@ -136,6 +136,7 @@ func (s *sim) admit(w *simWL, fail bool) {
 		return
 	}
 	plan.UID = s.newUID("plan")
+	s.cache.Created(types.NamespacedName{Namespace: "ns", Name: w.name}, w.uid, plan.UID)
 	s.plans[w.name] = plan
 	cp := plan.DeepCopy()
 	s.emit(func(c *Cache) { c.UpsertPlan(cp) })
