@@ -267,34 +267,24 @@ func (r *workloadReconciler) decide(ctx context.Context, wl *kueue.Workload, che
 	// The decision reads the long-lived model under its lock and, when the
 	// gang fits, assumes the plan before the lock is let go.
 	var (
-		res                fit.Result
-		plan               *v1alpha1.GPUPlan
-		settledFits, never bool
-		neverWhy           string
-		incomplete         string
-		warnings           []string
-		terminating        int
-		planErr            error
+		v           gpucache.Verdict
+		plan        *v1alpha1.GPUPlan
+		warnings    []string
+		terminating int
+		planErr     error
 	)
 	r.cache.Read(buf, func(s *gpucache.Snapshot) {
-		r.recordCapacity(s)
+		r.recordCapacity(s, params.Spec.TopologyLevels)
 		warnings, terminating = s.Warnings, s.Terminating
-		res = s.Model.Fit(gang, opts)
-		if res.Fits {
-			plan, planErr = r.newPlan(wl, res)
+		v = s.Decide(gang, opts)
+		if v.Result.Fits {
+			plan, planErr = r.newPlan(wl, v.Result)
 			if planErr == nil {
 				s.Assume(plan.DeepCopy())
 			}
-			return
-		}
-		if terminating > 0 {
-			settledFits = s.Settled().Fit(gang, opts).Fits
-		}
-		if !settledFits {
-			never, neverWhy = fit.Never(s.Nodes, gang, opts)
-			incomplete = incompleteInventory(s)
 		}
 	})
+	res := v.Result
 	if planErr != nil {
 		return 0, planErr
 	}
@@ -314,7 +304,7 @@ func (r *workloadReconciler) decide(ctx context.Context, wl *kueue.Workload, che
 	if len(warnings) > 0 {
 		r.recorder.Event(wl, corev1.EventTypeWarning, EventInventoryWarning, truncate(warningsLine(warnings)))
 	}
-	if settledFits {
+	if v.SettledFits {
 		decisions.WithLabelValues(ResultPending).Inc()
 		msg := fmt.Sprintf("waiting for GPUs held by %d terminating pod(s): the gang fits once they are gone (now: %s)", terminating, why)
 		if st := admissioncheck.FindAdmissionCheck(wl.Status.AdmissionChecks, check); st == nil || st.Message != truncate(msg) {
@@ -324,18 +314,18 @@ func (r *workloadReconciler) decide(ctx context.Context, wl *kueue.Workload, che
 		return pendingRecheck, r.setState(ctx, wl, check, kueue.CheckStatePending, msg, nil, params)
 	}
 	r.wait(wl, false)
-	if never {
+	if v.Never {
 		// Rejected deactivates the Workload: only when no state of the
 		// declared inventory could ever hold the gang. An inventory that is
 		// empty, partly published or partly unreadable is not that.
-		if incomplete != "" {
+		if v.Incomplete != "" {
 			decisions.WithLabelValues(ResultRetry).Inc()
-			msg := fmt.Sprintf("gang does not fit the GPU nodes read so far (%s), but %s; not rejecting while the inventory is incomplete", neverWhy, incomplete)
+			msg := fmt.Sprintf("gang does not fit the GPU nodes read so far (%s), but %s; not rejecting while the inventory is incomplete", v.NeverWhy, v.Incomplete)
 			r.recorder.Event(wl, corev1.EventTypeWarning, EventNoFit, truncate(msg))
 			return 0, r.setState(ctx, wl, check, kueue.CheckStateRetry, msg, nil, params)
 		}
 		decisions.WithLabelValues(ResultRejected).Inc()
-		msg := "the gang can never fit: " + neverWhy
+		msg := "the gang can never fit: " + v.NeverWhy
 		r.recorder.Event(wl, corev1.EventTypeWarning, EventNeverFits, msg)
 		return 0, r.setState(ctx, wl, check, kueue.CheckStateRejected, msg, nil, params)
 	}
@@ -346,18 +336,6 @@ func (r *workloadReconciler) decide(ctx context.Context, wl *kueue.Workload, che
 	}
 	r.recorder.Event(wl, corev1.EventTypeNormal, EventNoFit, truncate(msg))
 	return 0, r.setState(ctx, wl, check, kueue.CheckStateRetry, msg, nil, params)
-}
-
-// incompleteInventory says, in a clause, why the inventory read cannot
-// prove a gang never fits ("" when it can).
-func incompleteInventory(s *gpucache.Snapshot) string {
-	switch {
-	case len(s.Nodes) == 0 && len(s.Unread) == 0:
-		return "no node has published a GPU inventory yet"
-	case len(s.Unread) > 0:
-		return fmt.Sprintf("%d GPU node(s) are not read (%s)", len(s.Unread), warningsLine(s.Unread))
-	}
-	return ""
 }
 
 // writeReady marks the check Ready for plan; if the Workload lost the

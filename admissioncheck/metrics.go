@@ -36,8 +36,26 @@ var (
 		Name: "gpupack_gpuplans_active",
 		Help: "GPUPlans that reserve capacity.",
 	})
+	// Fragmentation, per domain of the widest topology level and GPU model.
+	fragLabels = []string{"level", "domain", "model"}
+	freeWhole  = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "gpupack_gpu_free_whole",
+		Help: "Healthy GPUs of Ready nodes with no holder, per topology domain and GPU model.",
+	}, fragLabels)
+	freeMiB = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "gpupack_gpu_free_mib",
+		Help: "Free allocatable GPU memory, per topology domain and GPU model.",
+	}, fragLabels)
+	largestPods = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "gpupack_gang_largest_fit_pods",
+		Help: "Pods of one GPU each that fit now in the domain, by size: whole GPUs, or 10/20/40 GiB fractions.",
+	}, []string{"level", "domain", "model", "size"})
+	fragmentation = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "gpupack_gpu_fragmentation_index",
+		Help: "Share of free GPU memory not on whole free GPUs (0: none scattered; towards 1: all in slivers).",
+	}, fragLabels)
 )
 
 func init() {
-	metrics.Registry.MustRegister(decisions, decisionSeconds, allocatableMiB, usedMiB, plansActive)
+	metrics.Registry.MustRegister(decisions, decisionSeconds, allocatableMiB, usedMiB, plansActive, freeWhole, freeMiB, largestPods, fragmentation)
 }

@@ -2,6 +2,7 @@ package admissioncheck
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
@@ -139,7 +140,7 @@ const capacityEvery = 5 * time.Second
 
 // recordCapacity exports allocatable/used MiB per model and the
 // fragmentation gauges, at most every capacityEvery.
-func (r *workloadReconciler) recordCapacity(s *gpucache.Snapshot) {
+func (r *workloadReconciler) recordCapacity(s *gpucache.Snapshot, levels []string) {
 	now := time.Now()
 	if now.Sub(r.lastCapacity) < capacityEvery {
 		return
@@ -159,4 +160,22 @@ func (r *workloadReconciler) recordCapacity(s *gpucache.Snapshot) {
 		usedMiB.WithLabelValues(m).Set(used[m])
 	}
 	plansActive.Set(float64(s.Plans))
+	// Fragmentation per domain of the first (widest) topology level.
+	level := ""
+	if len(levels) > 0 {
+		level = levels[0]
+	}
+	freeWhole.Reset()
+	freeMiB.Reset()
+	largestPods.Reset()
+	fragmentation.Reset()
+	for _, d := range s.Fragmentation(level) {
+		freeWhole.WithLabelValues(level, d.Domain, d.Model).Set(float64(d.WholeFree))
+		freeMiB.WithLabelValues(level, d.Domain, d.Model).Set(float64(d.FreeMiB))
+		largestPods.WithLabelValues(level, d.Domain, d.Model, "whole").Set(float64(d.WholeFree))
+		for i, size := range gpucache.FractionalSizesMiB {
+			largestPods.WithLabelValues(level, d.Domain, d.Model, fmt.Sprintf("%dGi", size/1024)).Set(float64(d.PodsAt[i]))
+		}
+		fragmentation.WithLabelValues(level, d.Domain, d.Model).Set(d.Fragmentation)
+	}
 }

@@ -18,8 +18,11 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/types"
+
 	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
 	"github.com/gpupack/gpupack/admissioncheck/fit"
+	"github.com/gpupack/gpupack/admissioncheck/gpucache"
 	"github.com/gpupack/gpupack/admissioncheck/inventory"
 	"github.com/gpupack/gpupack/admissioncheck/usage"
 	"github.com/gpupack/gpupack/flavors"
@@ -32,6 +35,8 @@ type Output struct {
 	Level       string   `json:"level"`
 	Assignments []OutPod `json:"assignments"`
 	Reasons     []string `json:"reasons"`
+	// Domains: with --explain, free capacity per domain and GPU model.
+	Domains []gpucache.DomainFree `json:"domains,omitempty"`
 }
 
 // OutPod is one assignment.
@@ -61,10 +66,12 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	podsPath := fs.String("pods", "", "PodList YAML of pods holding GPUs (kubectl get pods -A -o yaml)")
 	wlPath := fs.String("workload", "", "a Kueue Workload, PyTorchJob or batch Job")
 	paramsPath := fs.String("params", "", "GangFitParameters YAML")
+	plansPath := fs.String("plans", "", "GPUPlanList YAML (kubectl get gpuplans -A -o yaml): plans of admitted workloads still reserving GPUs")
+	explain := fs.Bool("explain", false, "also print free capacity and fragmentation per topology domain and GPU model")
 	output := fs.String("o", "text", "output: text or json")
 	bench := fs.Int("bench", 0, "repeat the decision N times and print p50/p99/max")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: gpupack fit --nodes NODES.yaml [--pods PODS.yaml] --workload FILE.yaml [--params PARAMS.yaml] [-o json|text] [--bench N]")
+		fmt.Fprintln(stderr, "usage: gpupack fit --nodes NODES.yaml [--pods PODS.yaml] [--plans PLANS.yaml] --workload FILE.yaml [--params PARAMS.yaml] [--explain] [-o json|text] [--bench N]")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -89,18 +96,25 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	case *bench < 0:
 		return fail(errors.New("--bench must be ≥ 0"))
 	}
-	d, err := decide(*nodesPath, *podsPath, *wlPath, *paramsPath)
+	d, err := decide(*nodesPath, *podsPath, *plansPath, *wlPath, *paramsPath)
 	if err != nil {
 		return fail(err)
 	}
 	if *output == "json" {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
-		if err := enc.Encode(d.json()); err != nil {
+		o := d.json()
+		if *explain {
+			o.Domains = d.free
+		}
+		if err := enc.Encode(o); err != nil {
 			return fail(err)
 		}
 	} else {
 		d.text(stdout)
+		if *explain {
+			d.explain(stdout)
+		}
 	}
 	if *bench > 0 {
 		w := stdout
@@ -119,16 +133,20 @@ type decision struct {
 	gang      fit.Gang
 	opts      fit.Options
 	nodes     []fit.Node
+	v         gpucache.Verdict
 	res       fit.Result
-	never     bool
-	neverWhy  string
-	pending   int // terminating pods whose release would make it fit
+	terminate int // terminating pods holding GPUs
 	skipped   int // nodes without GPU inventory
 	warnings  []string
 	levelFrom string
+	free      []gpucache.DomainFree
+	level     string
 }
 
-func decide(nodesPath, podsPath, wlPath, paramsPath string) (*decision, error) {
+// decide loads the files into the check's own model (package gpucache,
+// the usage rule of package usage) and takes the verdict the controller
+// would: Snapshot.Decide.
+func decide(nodesPath, podsPath, plansPath, wlPath, paramsPath string) (*decision, error) {
 	d := &decision{}
 	buf := flavors.DefaultBuffer()
 	d.opts = fit.Options{}
@@ -168,55 +186,57 @@ func decide(nodesPath, podsPath, wlPath, paramsPath string) (*decision, error) {
 	if err != nil {
 		return nil, err
 	}
+	c := gpucache.New(nil)
 	for i := range objs {
-		n, err := inventory.NodeFromObject(&objs[i], buf, "")
-		if errors.Is(err, inventory.ErrNoInventory) {
-			d.skipped++
-			continue
-		}
-		if err != nil {
-			// As the check does: a node with an unreadable inventory is left
-			// out, and said so, rather than failing every decision.
-			d.warnings = append(d.warnings, fmt.Sprintf("node %s ignored: %v", objs[i].Name, err))
-			continue
-		}
-		d.nodes = append(d.nodes, n)
+		c.UpsertNode(&objs[i])
 	}
-	d.model = fit.NewModel(d.nodes)
-	d.warnings = append(d.warnings, d.model.Warnings()...)
-	var terminating []fit.Usage
 	if podsPath != "" {
 		pods, err := loadPods(podsPath)
 		if err != nil {
 			return nil, err
 		}
-		holders, warnings := usage.Ledger(pods, nil)
-		d.warnings = append(d.warnings, warnings...)
-		for _, h := range holders {
-			for _, u := range h.GPUs {
-				if err := d.model.Use(u); err != nil {
-					d.warnings = append(d.warnings, fmt.Sprintf("pod %s: %v; not counted", h.Pod, err))
-					continue
-				}
-				if h.Terminating {
-					terminating = append(terminating, u)
-				}
+		// As the check does: a pod whose devices cannot be read is not
+		// counted, and said so.
+		_, warns := usage.Ledger(pods, nil)
+		d.warnings = append(d.warnings, warns...)
+		for i := range pods {
+			// The model keys pods by UID (as plan bindings name them); a
+			// hand-written file may have none.
+			if pods[i].UID == "" {
+				pods[i].UID = types.UID("fitcli:" + pods[i].Namespace + "/" + pods[i].Name)
 			}
+			c.UpsertPod(&pods[i])
 		}
 	}
-	d.res = d.model.Fit(d.gang, d.opts)
-	if !d.res.Fits {
-		if len(terminating) > 0 {
-			after := d.model.Clone()
-			for _, u := range terminating {
-				after.Release(u)
-			}
-			if after.Fit(d.gang, d.opts).Fits {
-				d.pending = len(terminating)
+	if plansPath != "" {
+		plans, err := loadPlans(plansPath)
+		if err != nil {
+			return nil, err
+		}
+		for i := range plans {
+			c.UpsertPlan(&plans[i])
+		}
+	}
+	if len(d.opts.Levels) > 0 {
+		d.level = d.opts.Levels[0]
+	} else if d.opts.Level != "" {
+		d.level = d.opts.Level
+	}
+	c.Read(buf, func(s *gpucache.Snapshot) {
+		d.nodes = s.Nodes
+		d.skipped = len(objs) - len(s.Nodes) - len(s.Unread)
+		d.warnings = append(d.warnings, s.Warnings...)
+		for _, u := range s.Unread {
+			if !slices.Contains(d.warnings, u) {
+				d.warnings = append(d.warnings, u)
 			}
 		}
-		d.never, d.neverWhy = fit.Never(d.nodes, d.gang, d.opts)
-	}
+		d.terminate = s.Terminating
+		d.v = s.Decide(d.gang, d.opts)
+		d.res = d.v.Result
+		d.model = s.Model.Clone()
+		d.free = s.Fragmentation(d.level)
+	})
 	return d, nil
 }
 
@@ -225,12 +245,40 @@ func (d *decision) verdict() string {
 	switch {
 	case d.res.Fits:
 		return "Ready: the whole gang fits now"
-	case d.never:
-		return "Rejected: " + d.neverWhy
-	case d.pending > 0:
-		return fmt.Sprintf("Pending: it fits once terminating pods release %d GPU reservations", d.pending)
+	case d.v.SettledFits:
+		return fmt.Sprintf("Pending: it fits once %s holding GPUs are gone", plural(d.terminate, "terminating pod", "terminating pods"))
+	case d.v.Never && d.v.Incomplete != "":
+		return "Retry: it does not fit the nodes read (" + d.v.NeverWhy + "), but " + d.v.Incomplete + "; the check does not reject while the inventory is incomplete"
+	case d.v.Never:
+		return "Rejected: " + d.v.NeverWhy
 	}
 	return "Retry: it does not fit now"
+}
+
+// explain prints free capacity and fragmentation per domain.
+func (d *decision) explain(w io.Writer) {
+	where := "the whole cluster"
+	if d.level != "" {
+		where = "each " + d.level
+	}
+	fmt.Fprintf(w, "Free now, per %s and GPU model (healthy GPUs of Ready nodes):\n", strings.TrimPrefix(where, "each "))
+	sizes := make([]string, len(gpucache.FractionalSizesMiB))
+	for i, s := range gpucache.FractionalSizesMiB {
+		sizes[i] = fmt.Sprintf("%dGi", s/1024)
+	}
+	fmt.Fprintf(w, "  %-16s %-24s %5s %6s %8s %10s  pods at %s  %s\n", "domain", "model", "GPUs", "whole", "widest", "free MiB", strings.Join(sizes, "/"), "fragmentation")
+	for _, f := range d.free {
+		name := f.Domain
+		if name == "" {
+			name = "(cluster)"
+		}
+		at := make([]string, len(f.PodsAt))
+		for i, n := range f.PodsAt {
+			at[i] = fmt.Sprint(n)
+		}
+		fmt.Fprintf(w, "  %-16s %-24s %5d %6d %8d %10d  %-*s  %.2f\n", name, f.Model, f.GPUs, f.WholeFree, f.LargestNodeWhole, f.FreeMiB,
+			len("pods at ")+len(strings.Join(sizes, "/"))-len("pods at "), strings.Join(at, "/"), f.Fragmentation)
+	}
 }
 
 func (d *decision) json() Output {

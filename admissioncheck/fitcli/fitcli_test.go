@@ -172,7 +172,7 @@ spec:
         resources: {limits: {nvidia.com/gpu: 8}}
 `)
 	o := runJSON(t, "--nodes", "testdata/nodes.yaml", "--pods", pods, "--workload", wl)
-	if o.Fits || len(o.Reasons) == 0 || !strings.HasPrefix(o.Reasons[0], "Pending: it fits once terminating pods release") {
+	if o.Fits || len(o.Reasons) == 0 || !strings.HasPrefix(o.Reasons[0], "Pending: it fits once 1 terminating pod holding GPUs") {
 		t.Fatalf("fits=%v reasons=%q", o.Fits, o.Reasons)
 	}
 	// Without the pods file the same job fits on b1.
@@ -337,5 +337,110 @@ func TestUnreadableNodeIsLeftOutWithANote(t *testing.T) {
 	}
 	if !found {
 		t.Errorf("no note about the broken node: %q", o.Reasons)
+	}
+}
+
+const oneNode = `apiVersion: v1
+kind: List
+items:
+- apiVersion: v1
+  kind: Node
+  metadata:
+    name: n1
+    labels: {rack: r1}
+    annotations:
+      gpupack.io/gpus: '[{"uuid": "n1-g0", "index": 0, "model": "NVIDIA-H100-80GB-HBM3", "memoryMiB": 81559}, {"uuid": "n1-g1", "index": 1, "model": "NVIDIA-H100-80GB-HBM3", "memoryMiB": 81559}]'
+  status:
+    conditions: [{type: Ready, status: "True"}]
+`
+
+// The old pod of a re-admitted workload, still terminating, names the new
+// plan (same name) in gpupack.io/plan; it is not bound to it by UID.
+const oldPod = `apiVersion: v1
+kind: List
+items:
+- apiVersion: v1
+  kind: Pod
+  metadata:
+    name: wl-0
+    namespace: ns
+    uid: old-pod
+    deletionTimestamp: "2026-01-01T00:00:00Z"
+    annotations: {gpupack.io/devices: "n1-g0:71903", gpupack.io/plan: wl}
+  spec:
+    nodeName: n1
+    containers: [{name: c, image: x, resources: {limits: {nvidia.com/gpu: 1}}}]
+  status: {phase: Running}
+`
+
+const newPlan = `apiVersion: v1
+kind: List
+items:
+- apiVersion: gpupack.io/v1alpha1
+  kind: GPUPlan
+  metadata: {name: wl, namespace: ns, uid: plan-2}
+  spec:
+    workloadName: wl
+    workloadUID: wl-uid-2
+    podCount: 1
+    gpuCount: 1
+    assignments:
+    - {podSet: main, index: 0, node: n1, gpus: [{uuid: n1-g1, memoryMiB: 71903, exclusive: true}]}
+  status:
+    phase: Planned
+    bindings: [{podSet: main, index: 0, podName: wl-0, podUID: new-pod}]
+`
+
+const oneGPUJob = `apiVersion: batch/v1
+kind: Job
+metadata: {name: other}
+spec:
+  parallelism: 1
+  template:
+    spec:
+      containers: [{name: m, image: x, resources: {limits: {nvidia.com/gpu: 1}}}]
+`
+
+// --plans: the same verdict as the check (TestReadmittedPlanDoesNotHideTerminatingPods
+// in package admissioncheck): plans reserve their slots; a pod of the same
+// plan name but another UID still holds its own GPU.
+func TestPlansThroughTheSameUsageRule(t *testing.T) {
+	nodes, pods, plans, job := write(t, "nodes.yaml", oneNode), write(t, "pods.yaml", oldPod), write(t, "plans.yaml", newPlan), write(t, "job.yaml", oneGPUJob)
+	if o := runJSON(t, "--nodes", nodes, "--pods", pods, "--workload", job); !o.Fits || o.Assignments[0].GPUs[0].UUID != "n1-g1" {
+		t.Fatalf("without plans: %+v", o)
+	}
+	o := runJSON(t, "--nodes", nodes, "--pods", pods, "--plans", plans, "--workload", job)
+	if o.Fits || len(o.Reasons) == 0 || !strings.HasPrefix(o.Reasons[0], "Pending: it fits once 1 terminating pod") {
+		t.Fatalf("with the re-admitted plan: fits=%v reasons=%q", o.Fits, o.Reasons)
+	}
+}
+
+func TestPlansFileMustHoldPlans(t *testing.T) {
+	rc, _, errs := run(t, "--nodes", write(t, "n.yaml", oneNode), "--plans", write(t, "p.yaml", oldPod), "--workload", write(t, "j.yaml", oneGPUJob))
+	if rc != 2 || !strings.Contains(errs, `is a "Pod", want GPUPlan`) {
+		t.Errorf("rc=%d stderr=%q", rc, errs)
+	}
+	bad := strings.Replace(newPlan, "workloadUID", "workloadUUID", 1)
+	rc, _, errs = run(t, "--nodes", write(t, "n.yaml", oneNode), "--plans", write(t, "p.yaml", bad), "--workload", write(t, "j.yaml", oneGPUJob))
+	if rc != 2 || !strings.Contains(errs, "workloadUUID") {
+		t.Errorf("unknown field: rc=%d stderr=%q", rc, errs)
+	}
+}
+
+func TestExplainPrintsFreeCapacityPerDomain(t *testing.T) {
+	rc, out, errs := run(t, "--nodes", write(t, "n.yaml", oneNode), "--pods", write(t, "p.yaml", oldPod), "--workload", write(t, "j.yaml", oneGPUJob),
+		"--params", "testdata/params-rack.yaml", "--explain")
+	if rc != 0 {
+		t.Fatalf("rc=%d %s", rc, errs)
+	}
+	// r1: 2 GPUs, one whole free; 1 free GPU of 71903 MiB = 7 pods of 10Gi, 3 of 20Gi, 1 of 40Gi.
+	for _, want := range []string{"Free now, per rack", "r1", "NVIDIA-H100-80GB-HBM3", "    2      1        1      71903  7/3/1", "0.00"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("--explain output lacks %q:\n%s", want, out)
+		}
+	}
+	o := runJSON(t, "--nodes", write(t, "n.yaml", oneNode), "--workload", write(t, "j.yaml", oneGPUJob), "--explain")
+	if len(o.Domains) != 1 || o.Domains[0].WholeFree != 2 || o.Domains[0].Domain != "" {
+		t.Errorf("-o json --explain domains = %+v", o.Domains)
 	}
 }

@@ -109,6 +109,29 @@ func loadPods(path string) ([]corev1.Pod, error) {
 	return pods, nil
 }
 
+func loadPlans(path string) ([]v1alpha1.GPUPlan, error) {
+	docs, err := documents(path)
+	if err != nil {
+		return nil, err
+	}
+	var plans []v1alpha1.GPUPlan
+	for i, d := range docs {
+		tm, err := kindOf(d)
+		if err != nil {
+			return nil, fmt.Errorf("%s: item %d: %v", path, i, err)
+		}
+		if tm.Kind != "GPUPlan" {
+			return nil, fmt.Errorf("%s: item %d is a %q, want GPUPlan (a GPUPlanList from kubectl get gpuplans -A -o yaml)", path, i, tm.Kind)
+		}
+		var p v1alpha1.GPUPlan
+		if err := yaml.UnmarshalStrict(d, &p); err != nil {
+			return nil, fmt.Errorf("%s: item %d: %v", path, i, err)
+		}
+		plans = append(plans, p)
+	}
+	return plans, nil
+}
+
 func loadParams(path string) (*v1alpha1.GangFitParameters, error) {
 	docs, err := documents(path)
 	if err != nil {

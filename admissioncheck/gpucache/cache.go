@@ -15,6 +15,7 @@ package gpucache
 import (
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -583,4 +584,50 @@ func hasSource(n *corev1.Node) bool {
 	_, b := n.Annotations[v1alpha1.AnnotationHAMiNodeRegister]
 	_, l := n.Labels[flavors.LabelGPUProduct]
 	return a || b || l
+}
+
+// Verdict is the check's decision on a snapshot, before anything is
+// written: the controller and `gpupack fit` both take it from here.
+type Verdict struct {
+	Result fit.Result
+	// SettledFits: it does not fit now but fits once the terminating pods
+	// are gone (Pending).
+	SettledFits bool
+	// Never: no state of the nodes read could hold it (NeverWhy says why);
+	// Rejected only when Incomplete is "" too.
+	Never    bool
+	NeverWhy string
+	// Incomplete says why the inventory cannot prove Never ("" if it can).
+	Incomplete string
+}
+
+// Decide fits the gang now, then once terminating pods are gone, then
+// asks whether it could ever fit.
+func (s *Snapshot) Decide(g fit.Gang, o fit.Options) Verdict {
+	v := Verdict{Result: s.Model.Fit(g, o)}
+	if v.Result.Fits {
+		return v
+	}
+	if s.Terminating > 0 {
+		v.SettledFits = s.Settled().Fit(g, o).Fits
+	}
+	if !v.SettledFits {
+		v.Never, v.NeverWhy = fit.Never(s.Nodes, g, o)
+		v.Incomplete = s.incomplete()
+	}
+	return v
+}
+
+func (s *Snapshot) incomplete() string {
+	switch {
+	case len(s.Nodes) == 0 && len(s.Unread) == 0:
+		return "no node has published a GPU inventory yet"
+	case len(s.Unread) > 0:
+		ws, more := s.Unread, ""
+		if len(ws) > 3 {
+			ws, more = ws[:3], fmt.Sprintf(" (and %d more)", len(ws)-3)
+		}
+		return fmt.Sprintf("%d GPU node(s) are not read (%s%s)", len(s.Unread), strings.Join(ws, "; "), more)
+	}
+	return ""
 }
