@@ -192,10 +192,14 @@ func (r *workloadReconciler) healReady(ctx context.Context, wl *kueue.Workload, 
 	if name == "" {
 		return nil // no GPU pod set: nothing to place
 	}
-	if plan, ok := r.cache.Plan(client.ObjectKey{Namespace: wl.Namespace, Name: name}); ok && plan.Spec.WorkloadUID == wl.UID && plan.Status.Phase != v1alpha1.PlanReleased {
-		return nil
-	}
 	msg := fmt.Sprintf("GPUPlan %s of this admission is gone; re-planning", name)
+	if plan, ok := r.cache.Plan(client.ObjectKey{Namespace: wl.Namespace, Name: name}); ok && plan.Spec.WorkloadUID == wl.UID && plan.Status.Phase != v1alpha1.PlanReleased {
+		lost := r.lostNode(plan)
+		if lost == "" {
+			return nil
+		}
+		msg = fmt.Sprintf("node %s of GPUPlan %s is gone, NotReady or cordoned before its pod was placed; re-planning", lost, name)
+	}
 	r.recorder.Event(wl, corev1.EventTypeWarning, EventPlanLost, msg)
 	err := r.setState(ctx, wl, check, kueue.CheckStateRetry, msg, nil, nil)
 	if errors.Is(err, errReservationChanged) {
@@ -620,6 +624,21 @@ func (r *workloadReconciler) setReady(ctx context.Context, wl *kueue.Workload, c
 	// Pods run under Volcano join the workload's one PodGroup.
 	updates = volcano.AddPodSetUpdates(wl, params, updates)
 	return r.setState(ctx, wl, check, kueue.CheckStateReady, msg, updates, nil)
+}
+
+// lostNode names a node of a slot no pod is bound to yet that is deleted,
+// NotReady or cordoned: the pod planned there cannot start ("" if none).
+func (r *workloadReconciler) lostNode(plan *v1alpha1.GPUPlan) string {
+	bound := map[string]bool{}
+	for _, b := range plan.Status.Bindings {
+		bound[fmt.Sprintf("%s/%d", b.PodSet, b.Index)] = true
+	}
+	for _, a := range plan.Spec.Assignments {
+		if !bound[fmt.Sprintf("%s/%d", a.PodSet, a.Index)] && !r.cache.NodeUsable(a.Node) {
+			return a.Node
+		}
+	}
+	return ""
 }
 
 // errReservationChanged: the Workload no longer holds the quota reservation

@@ -368,6 +368,12 @@ func TestReadyCheckWithLostPlanRetries(t *testing.T) {
 		{"plan deleted", nil, kueue.CheckStateRetry},
 		{"plan of an earlier workload", []client.Object{planFor(old, "n1-g0")}, kueue.CheckStateRetry},
 		{"plan present", []client.Object{planFor(wl, "n1-g0")}, kueue.CheckStateReady},
+		{"planned node gone before its pod bound", []client.Object{planFor(wl, "n2-g0")}, kueue.CheckStateRetry},
+		{"planned node gone after its pod bound", []client.Object{func() client.Object {
+			p := planFor(wl, "n2-g0")
+			p.Status.Bindings = []v1alpha1.SlotBinding{{PodSet: "main", Index: 0, PodName: "wl-0", PodUID: "u"}}
+			return p
+		}()}, kueue.CheckStateReady},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t, append(tc.plans, gpuNode("n1", 1, nil), wl.DeepCopy())...)

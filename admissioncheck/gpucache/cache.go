@@ -442,6 +442,15 @@ func (c *Cache) Forget(key types.NamespacedName, workloadUID types.UID) {
 	}
 }
 
+// NodeUsable reports whether a node is known to the model, Ready and
+// schedulable.
+func (c *Cache) NodeUsable(name string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.nodes[name]
+	return ok && ready(e.obj) && !e.obj.Spec.Unschedulable
+}
+
 // Synced is for callers that feed the cache from informers.
 type Synced func() bool
 
