@@ -29,6 +29,7 @@ const (
 	EventBadRequest         = "BadGPURequest"
 	EventPlanLost           = "GPUPlanLost"
 	EventInventoryWarning   = "GPUInventoryWarning"
+	EventTASConflict        = "TopologyAssignmentConflict"
 
 	// Defaults of GangFitParameters.spec.retryBackoff.
 	DefaultRetryMinSeconds int32 = 5

@@ -254,6 +254,16 @@ func (r *workloadReconciler) decide(ctx context.Context, wl *kueue.Workload, che
 		r.recorder.Event(wl, corev1.EventTypeWarning, EventBadRequest, msg)
 		return 0, r.setState(ctx, wl, check, kueue.CheckStateRejected, msg, nil, params)
 	}
+	if ps := tasAssigned(wl, gang); ps != "" {
+		// Kueue TAS places these pods itself (its ungater picks the nodes);
+		// a gang-fit plan beside it would name other GPUs, and the two
+		// would double-book. Planning inside a TopologyAssignment is not
+		// built, so the combination is refused, saying so.
+		decisions.WithLabelValues(ResultRejected).Inc()
+		msg := fmt.Sprintf("pod set %s has a Kueue TopologyAssignment (topology-aware scheduling); gang-fit cannot plan inside one yet: use either TAS or the gang-fit check for GPU pod sets", ps)
+		r.recorder.Event(wl, corev1.EventTypeWarning, EventTASConflict, msg)
+		return 0, r.setState(ctx, wl, check, kueue.CheckStateRejected, msg, nil, params)
+	}
 	if len(gang.PodSets) == 0 {
 		decisions.WithLabelValues(ResultNoGPU).Inc()
 		return 0, r.setState(ctx, wl, check, kueue.CheckStateReady, "no pod set asks for GPUs", volcano.AddPodSetUpdates(wl, params, nil), params)
@@ -624,6 +634,23 @@ func (r *workloadReconciler) setReady(ctx context.Context, wl *kueue.Workload, c
 	// Pods run under Volcano join the workload's one PodGroup.
 	updates = volcano.AddPodSetUpdates(wl, params, updates)
 	return r.setState(ctx, wl, check, kueue.CheckStateReady, msg, updates, nil)
+}
+
+// tasAssigned names a GPU pod set to which Kueue TAS assigned a topology.
+func tasAssigned(wl *kueue.Workload, gang fit.Gang) string {
+	if wl.Status.Admission == nil {
+		return ""
+	}
+	gpu := map[string]bool{}
+	for _, ps := range gang.PodSets {
+		gpu[ps.Name] = true
+	}
+	for _, psa := range wl.Status.Admission.PodSetAssignments {
+		if psa.TopologyAssignment != nil && gpu[string(psa.Name)] {
+			return string(psa.Name)
+		}
+	}
+	return ""
 }
 
 // lostNode names a node of a slot no pod is bound to yet that is deleted,

@@ -491,3 +491,18 @@ func TestStoredPlanCheckedAgainstAdmission(t *testing.T) {
 		})
 	}
 }
+
+// Issue 17 item 6: a TopologyAssignment from Kueue TAS is refused, saying
+// why, instead of planning other GPUs beside it.
+func TestTopologyAssignmentIsRefusedClearly(t *testing.T) {
+	wl := admittedWorkload("wl", "wl-uid", 1, 1).obj()
+	wl.Status.Admission.PodSetAssignments[0].TopologyAssignment = &kueue.TopologyAssignment{Levels: []string{"kubernetes.io/hostname"}}
+	e := newEnv(t, gpuNode("n1", 1, nil), wl)
+	e.reconcile(wl)
+	if st := e.check(wl); st.State != kueue.CheckStateRejected || !strings.Contains(st.Message, "TopologyAssignment") {
+		t.Errorf("check %s (%q), want Rejected naming the TopologyAssignment", st.State, st.Message)
+	}
+	if e.plan("wl") != nil {
+		t.Error("a plan was written beside Kueue's topology assignment")
+	}
+}
