@@ -38,4 +38,7 @@ const (
 	// pendingRecheck is how often a workload waiting for terminating pods is
 	// re-evaluated.
 	pendingRecheck = time.Second
+	// maxPendingOnTerminating bounds how long a check stays Pending (holding
+	// quota) for terminating pods before it turns Retry.
+	maxPendingOnTerminating = 10 * time.Minute
 )

@@ -318,6 +318,16 @@ func (r *workloadReconciler) decide(ctx context.Context, wl *kueue.Workload, che
 	if len(warnings) > 0 {
 		r.recorder.Event(wl, corev1.EventTypeWarning, EventInventoryWarning, truncate(warningsLine(warnings)))
 	}
+	if st := admissioncheck.FindAdmissionCheck(wl.Status.AdmissionChecks, check); v.SettledFits && st != nil &&
+		!st.LastTransitionTime.IsZero() && r.clock.Since(st.LastTransitionTime.Time) > maxPendingOnTerminating {
+		// Pending holds the quota; a pod stuck terminating (a finalizer
+		// nobody removes) must not hold it for ever.
+		decisions.WithLabelValues(ResultRetry).Inc()
+		msg := fmt.Sprintf("waited more than %v for %d terminating pod(s) to release their GPUs; releasing the quota and retrying (now: %s)", maxPendingOnTerminating, terminating, why)
+		r.recorder.Event(wl, corev1.EventTypeWarning, EventNoFit, truncate(msg))
+		r.wait(wl, false)
+		return 0, r.setState(ctx, wl, check, kueue.CheckStateRetry, msg, nil, params)
+	}
 	if v.SettledFits {
 		decisions.WithLabelValues(ResultPending).Inc()
 		msg := fmt.Sprintf("waiting for GPUs held by %d terminating pod(s): the gang fits once they are gone (now: %s)", terminating, why)

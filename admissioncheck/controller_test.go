@@ -69,10 +69,10 @@ func admittedWorkload(name string, uid types.UID, pods int32, gpus int64) *wlBui
 		}}}},
 		Status: kueue.WorkloadStatus{
 			Conditions: []metav1.Condition{{Type: kueue.WorkloadQuotaReserved, Status: metav1.ConditionTrue, Reason: "QuotaReserved",
-				LastTransitionTime: metav1.NewTime(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))}},
+				LastTransitionTime: metav1.NewTime(time.Date(2026, 1, 1, 23, 59, 0, 0, time.UTC))}},
 			Admission: &kueue.Admission{ClusterQueue: "cq", PodSetAssignments: []kueue.PodSetAssignment{{Name: kueue.DefaultPodSetName, Count: &pods}}},
 			AdmissionChecks: []kueue.AdmissionCheckState{{Name: testCheck, State: kueue.CheckStatePending,
-				LastTransitionTime: metav1.NewTime(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))}},
+				LastTransitionTime: metav1.NewTime(time.Date(2026, 1, 1, 23, 59, 0, 0, time.UTC))}},
 		},
 	}
 	return &wlBuilder{wl}
@@ -504,5 +504,32 @@ func TestTopologyAssignmentIsRefusedClearly(t *testing.T) {
 	}
 	if e.plan("wl") != nil {
 		t.Error("a plan was written beside Kueue's topology assignment")
+	}
+}
+
+// Issue 17 item 7: Pending (which holds the quota) has a limit: a pod stuck
+// terminating does not hold the quota for ever.
+func TestPendingOnTerminatingPodsIsBounded(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		waited  time.Duration
+		want    kueue.CheckState
+		wantMsg string
+	}{
+		{"within the limit", time.Minute, kueue.CheckStatePending, "waiting for GPUs held by 1 terminating pod"},
+		{"past the limit", maxPendingOnTerminating + time.Minute, kueue.CheckStateRetry, "waited more than"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			wl := admittedWorkload("wl", "wl-uid", 1, 1).obj()
+			e := newEnv(t, gpuNode("n1", 1, nil), wl, holderPod("old", "old-uid", "n1", "", true, "n1-g0"))
+			wl.Status.AdmissionChecks[0].LastTransitionTime = metav1.NewTime(e.r.clock.Now().Add(-tc.waited))
+			if err := e.c.Status().Update(context.Background(), wl); err != nil {
+				t.Fatal(err)
+			}
+			e.reconcile(wl)
+			if st := e.check(wl); st.State != tc.want || !strings.Contains(st.Message, tc.wantMsg) {
+				t.Errorf("check %s (%q), want %s with %q", st.State, st.Message, tc.want, tc.wantMsg)
+			}
+		})
 	}
 }
