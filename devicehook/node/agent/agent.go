@@ -19,9 +19,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -54,23 +58,36 @@ type Options struct {
 	// HookSource is the library inside the agent image; "" skips installing.
 	HookSource string
 	HookDir    string // host folder GPU containers mount
-	// PluginMounts makes Allocate mount the hook folder, ld.so.preload and
-	// the accounting dir itself — for clusters without gpupack's webhook,
-	// which otherwise mounts them (both at once would clash).
+	// PluginMounts makes Allocate mount the hook folder, ld.so.preload, the
+	// container's accounting dir and its limits file (the default: the
+	// webhook adds no hostPath volume to tenant pods). false only for an old
+	// webhook that still mounts them (both at once would clash).
 	PluginMounts bool
 	CacheDir     string // host root of per-pod accounting dirs
-	Version      string
+	LimitsDir    string // host root of the trusted limits files
+	// ContextReserve is the per-model GPUPACK_CONTEXT_RESERVE table.
+	ContextReserve deviceplugin.ContextReserve
+	// VisibleDevicesEnv also sets NVIDIA_VISIBLE_DEVICES in Allocate (a
+	// runtime without CDI); devices are otherwise given by CDI name only.
+	VisibleDevicesEnv bool
+	// ToolkitConfig is the NVIDIA container toolkit's config.toml checked
+	// at start; "" skips the check.
+	ToolkitConfig string
+	Version       string
 
 	ProcRoot        string
 	BypassPolicy    bypass.Policy
 	BypassInterval  time.Duration
-	AllowanceMiB    int64
+	SlackMiB        int64 // per container, over its plan (CUDA contexts)
 	PublishInterval time.Duration
 	NVMLRetry       time.Duration
 	MetricsAddr     string // "" disables the metrics endpoint
 
 	// Fabric reads fabric info; nil uses the versioned call (real NVML).
 	Fabric inventory.FabricReader
+	// Dynamic reads GPUPlans (the device plugin and the watcher trust plan
+	// bindings, not pod annotations). Without it no pod is planned.
+	Dynamic dynamic.Interface
 }
 
 // DefaultOptions are the flag defaults.
@@ -79,7 +96,9 @@ func DefaultOptions() Options {
 		Buffer: flavors.DefaultBuffer(), SlotsPerGPU: 10,
 		DevicePlugin: true, PluginDir: "/var/lib/kubelet/device-plugins",
 		HookDir: v1alpha1.DefaultHookHostPath, CacheDir: v1alpha1.DefaultSharedCacheDir, Version: "dev",
-		ProcRoot: "/proc", BypassPolicy: bypass.PolicyWarn, BypassInterval: 5 * time.Second, AllowanceMiB: 512,
+		PluginMounts: true, LimitsDir: deviceplugin.DefaultLimitsDir, ContextReserve: deviceplugin.DefaultContextReserve(),
+		ToolkitConfig: "/etc/nvidia-container-runtime/config.toml",
+		ProcRoot:      "/proc", BypassPolicy: bypass.PolicyWarn, BypassInterval: 5 * time.Second, SlackMiB: 512,
 		PublishInterval: 30 * time.Second, NVMLRetry: time.Minute, MetricsAddr: ":9400",
 	}
 }
@@ -97,6 +116,7 @@ type Agent struct {
 	mu      sync.Mutex
 	plugins []*deviceplugin.Plugin
 	pods    deviceplugin.PodLister
+	plans   deviceplugin.PlanLister
 }
 
 // New creates an agent. lib is nvml.New() in production and a go-nvml mock
@@ -216,6 +236,12 @@ func (a *Agent) Run(ctx context.Context) error {
 	}))
 	podLister := pf.Core().V1().Pods().Lister()
 	a.pods = deviceplugin.PodListerFunc(func() ([]*corev1.Pod, error) { return podLister.List(labels.Everything()) })
+	a.plans = deviceplugin.PlanListerFunc(func(string) ([]*v1alpha1.GPUPlan, error) { return nil, nil })
+	if a.opts.Dynamic != nil {
+		a.plans = startPlanInformer(ctx, a.opts.Dynamic)
+	} else {
+		klog.InfoS("no GPUPlan client: every planned pod will be refused", "node", a.opts.NodeName)
+	}
 	// This node alone, to republish as soon as the kubelet resets capacity.
 	nf := informers.NewSharedInformerFactoryWithOptions(a.client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", a.opts.NodeName).String()
@@ -244,8 +270,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	w := bypass.New(bypass.Config{
 		NodeName: a.opts.NodeName, NVML: a.lib, Resolver: bypass.ProcResolver{Root: a.opts.ProcRoot},
-		Pods: a.pods, Client: a.client, Recorder: a.recorder, Policy: a.opts.BypassPolicy,
-		AllowanceMiB: a.opts.AllowanceMiB, CacheDir: a.opts.CacheDir, Metrics: a.Metrics, Interval: a.opts.BypassInterval,
+		Pods: a.pods, Plans: a.plans, Client: a.client, Recorder: a.recorder, Policy: a.opts.BypassPolicy,
+		SlackMiB: a.opts.SlackMiB, CacheDir: a.opts.CacheDir, Metrics: a.Metrics, Interval: a.opts.BypassInterval,
 	})
 	wg.Add(1)
 	go func() { defer wg.Done(); w.Run(ctx) }()
@@ -304,7 +330,9 @@ func (a *Agent) startPlugins(ctx context.Context, wg *sync.WaitGroup) {
 		})
 	}
 	for _, c := range cfgs {
-		c.NodeName, c.PluginDir, c.Pods, c.Metrics = a.opts.NodeName, a.opts.PluginDir, a.pods, a.Metrics
+		c.NodeName, c.PluginDir, c.Pods, c.Plans, c.Metrics = a.opts.NodeName, a.opts.PluginDir, a.pods, a.plans, a.Metrics
+		c.Client, c.Recorder, c.AllocatableMiB = a.client, a.recorder, a.opts.Buffer.Allocatable
+		c.ContextReserve, c.VisibleDevicesEnv, c.LimitsDir = a.opts.ContextReserve, a.opts.VisibleDevicesEnv, a.opts.LimitsDir
 		if a.opts.PluginMounts {
 			c.HookDir, c.MountPreload, c.CacheHostDir = a.opts.HookDir, true, a.opts.CacheDir
 		}
@@ -322,10 +350,40 @@ func (a *Agent) startPlugins(ctx context.Context, wg *sync.WaitGroup) {
 	}
 }
 
-// gcAccounting removes accounting dirs of pods no longer on this node, an
-// hour after their last write (a pod's processes may still be exiting).
+// startPlanInformer watches every GPUPlan; the cache holds them typed.
+func startPlanInformer(ctx context.Context, dyn dynamic.Interface) deviceplugin.PlanLister {
+	gvr := v1alpha1.GroupVersion.WithResource("gpuplans")
+	inf := dynamicinformer.NewDynamicSharedInformerFactory(dyn, 0).ForResource(gvr).Informer()
+	_ = inf.SetTransform(func(obj any) (any, error) {
+		u, ok := obj.(*unstructured.Unstructured)
+		if !ok {
+			return obj, nil // a tombstone
+		}
+		plan := &v1alpha1.GPUPlan{}
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, plan); err != nil {
+			klog.ErrorS(err, "unreadable GPUPlan ignored", "plan", u.GetNamespace()+"/"+u.GetName())
+			return &v1alpha1.GPUPlan{ObjectMeta: metav1.ObjectMeta{Name: u.GetName(), Namespace: u.GetNamespace()}}, nil
+		}
+		return plan, nil
+	})
+	go inf.Run(ctx.Done())
+	cache.WaitForCacheSync(ctx.Done(), inf.HasSynced)
+	return deviceplugin.PlanListerFunc(func(ns string) ([]*v1alpha1.GPUPlan, error) {
+		var out []*v1alpha1.GPUPlan
+		for _, o := range inf.GetStore().List() {
+			if p, ok := o.(*v1alpha1.GPUPlan); ok && (ns == "" || p.Namespace == ns) {
+				out = append(out, p)
+			}
+		}
+		return out, nil
+	})
+}
+
+// gcAccounting removes accounting and limits dirs of pods no longer on this
+// node, an hour after their last write (a pod's processes may still be
+// exiting).
 func (a *Agent) gcAccounting() {
-	if a.opts.CacheDir == "" || a.pods == nil {
+	if a.pods == nil {
 		return
 	}
 	pods, err := a.pods.List()
@@ -336,17 +394,22 @@ func (a *Agent) gcAccounting() {
 	for _, p := range pods {
 		live[string(p.UID)] = true
 	}
-	ents, err := os.ReadDir(a.opts.CacheDir)
-	if err != nil {
-		return
-	}
-	for _, e := range ents {
-		if !e.IsDir() || live[e.Name()] {
+	for _, root := range []string{a.opts.CacheDir, a.opts.LimitsDir} {
+		if root == "" {
 			continue
 		}
-		if fi, err := e.Info(); err == nil && time.Since(fi.ModTime()) > time.Hour {
-			if err := os.RemoveAll(filepath.Join(a.opts.CacheDir, e.Name())); err != nil {
-				klog.ErrorS(err, "accounting dir GC")
+		ents, err := os.ReadDir(root)
+		if err != nil {
+			continue
+		}
+		for _, e := range ents {
+			if !e.IsDir() || live[e.Name()] {
+				continue
+			}
+			if fi, err := e.Info(); err == nil && time.Since(fi.ModTime()) > time.Hour {
+				if err := os.RemoveAll(filepath.Join(root, e.Name())); err != nil {
+					klog.ErrorS(err, "accounting dir GC")
+				}
 			}
 		}
 	}

@@ -119,7 +119,9 @@ func TestDecide(t *testing.T) {
 		want  []Finding
 	}{
 		{"within limit", []Proc{{PID: 1, GPU: "G1", UsedMiB: 10000, Pod: "ua"}}, nil, nil},
-		{"within limit plus context allowance", []Proc{{PID: 1, GPU: "G1", UsedMiB: 10200, Pod: "ua"}, {PID: 2, GPU: "G1", UsedMiB: 300, Pod: "ua"}}, nil, nil},
+		{"within limit plus the container's slack", []Proc{{PID: 1, GPU: "G1", UsedMiB: 10100, Pod: "ua"}, {PID: 2, GPU: "G1", UsedMiB: 150, Pod: "ua"}}, nil, nil},
+		{"the slack is per container, not per process", []Proc{{PID: 1, GPU: "G1", UsedMiB: 10200, Pod: "ua"}, {PID: 2, GPU: "G1", UsedMiB: 300, Pod: "ua"}}, nil,
+			[]Finding{{Kind: metrics.KindOverLimit, Pod: "ua", Key: a, GPU: "G1", UsedMiB: 10500, LimitMiB: 10000, PIDs: []uint32{1, 2}}}},
 		{"over limit summed over processes", []Proc{{PID: 2, GPU: "G1", UsedMiB: 6000, Pod: "ua"}, {PID: 1, GPU: "G1", UsedMiB: 5000, Pod: "ua"}}, nil,
 			[]Finding{{Kind: metrics.KindOverLimit, Pod: "ua", Key: a, GPU: "G1", UsedMiB: 11000, LimitMiB: 10000, PIDs: []uint32{1, 2}}}},
 		{"planned pod on a GPU not its own", []Proc{{PID: 1, GPU: "G2", UsedMiB: 10, Pod: "ua"}}, nil,
@@ -132,8 +134,19 @@ func TestDecide(t *testing.T) {
 		{"pod not on this node", []Proc{{PID: 9, GPU: "G1", UsedMiB: 500, Pod: "zz"}}, nil,
 			[]Finding{{Kind: metrics.KindUnknown, Pod: "zz", GPU: "G1", UsedMiB: 500, PIDs: []uint32{9}}}},
 	}
+	// 64 processes of 512 MiB each on top of a 10000 MiB plan: 32 GiB hidden
+	// under a per-process allowance, a finding under a per-container slack.
+	var many []Proc
+	for i := range 64 {
+		many = append(many, Proc{PID: uint32(100 + i), GPU: "G1", UsedMiB: 512, Pod: "ua"})
+	}
+	many[0].UsedMiB += 10000
+	_, got := Decide(Input{Procs: many, Pods: pods, SlackMiB: 512})
+	if len(got) != 1 || got[0].Kind != metrics.KindOverLimit || got[0].UsedMiB != 10000+64*512 {
+		t.Errorf("64 processes: findings %+v, want one over_limit", got)
+	}
 	for _, tc := range cases {
-		_, got := Decide(Input{Procs: tc.procs, Pods: pods, Held: tc.held, AllowanceMiB: 256})
+		_, got := Decide(Input{Procs: tc.procs, Pods: pods, Held: tc.held, SlackMiB: 256})
 		if d := cmp.Diff(tc.want, got); d != "" {
 			t.Errorf("%s (-want +got):\n%s", tc.name, d)
 		}
@@ -160,7 +173,7 @@ func BenchmarkDecide(b *testing.B) {
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		Decide(Input{Procs: procs, Pods: pods, AllowanceMiB: 512})
+		Decide(Input{Procs: procs, Pods: pods, SlackMiB: 512})
 	}
 }
 

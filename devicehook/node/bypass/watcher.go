@@ -46,11 +46,13 @@ type Config struct {
 	NVML     nvml.Interface
 	Resolver Resolver
 	Pods     deviceplugin.PodLister
-	Client   kubernetes.Interface // for evictions
+	Plans    deviceplugin.PlanLister // the truth about who holds what
+	Client   kubernetes.Interface    // for evictions
 	Recorder record.EventRecorder
 	Policy   Policy
-	// AllowanceMiB per process: CUDA context memory NVML counts.
-	AllowanceMiB int64
+	// SlackMiB per container (not per process: 64 processes must not hide
+	// 32 GiB) covers the CUDA contexts NVML counts beyond the plan.
+	SlackMiB int64
 	// CacheDir is the host root of per-pod accounting dirs (drift); "" skips drift.
 	CacheDir string
 	Hook     HookUsage
@@ -122,8 +124,15 @@ func (w *Watcher) Once(ctx context.Context) ([]Finding, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list pods: %w", err)
 	}
+	var plans []*v1alpha1.GPUPlan
+	if w.cfg.Plans != nil {
+		if plans, err = w.cfg.Plans.Plans(""); err != nil {
+			return nil, fmt.Errorf("list GPUPlans: %w", err)
+		}
+	}
+	st := deviceplugin.State{Node: w.cfg.NodeName, Pods: podList, Plans: plans}
 	byUID := map[types.UID]*corev1.Pod{}
-	in := Input{Procs: procs, Pods: map[types.UID]Pod{}, Held: deviceplugin.Held(podList, w.cfg.NodeName), AllowanceMiB: w.cfg.AllowanceMiB}
+	in := Input{Procs: procs, Pods: map[types.UID]Pod{}, Held: deviceplugin.Held(st), SlackMiB: w.cfg.SlackMiB}
 	limitPerGPU := map[string]int64{}
 	for _, p := range podList {
 		if p.Spec.NodeName != w.cfg.NodeName {
@@ -131,17 +140,17 @@ func (w *Watcher) Once(ctx context.Context) ([]Finding, error) {
 		}
 		byUID[p.UID] = p
 		pod := Pod{Key: types.NamespacedName{Namespace: p.Namespace, Name: p.Name}, UID: p.UID}
-		if s, ok := p.Annotations[v1alpha1.AnnotationDevices]; ok {
-			devs, err := v1alpha1.ParseDevices(s)
-			if err != nil {
-				klog.ErrorS(err, "ignoring unparsable devices annotation", "pod", pod.Key)
-			} else {
-				pod.Limits = map[string]int64{}
-				for _, d := range devs {
-					pod.Limits[d.UUID] = d.MemoryMiB
-					if p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
-						limitPerGPU[d.UUID] += d.MemoryMiB
-					}
+		if gpus := w.podGPUs(p, plans); gpus != nil {
+			pod.Limits, pod.Containers, pod.Chunks = map[string]int64{}, map[string]int{}, chunksOf(p, gpus)
+			for _, g := range gpus {
+				pod.Limits[g.UUID] += g.MemoryMiB
+				if p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
+					limitPerGPU[g.UUID] += g.MemoryMiB
+				}
+			}
+			for _, c := range pod.Chunks {
+				for _, d := range c.Devices {
+					pod.Containers[d.UUID]++
 				}
 			}
 		}
@@ -157,6 +166,46 @@ func (w *Watcher) Once(ctx context.Context) ([]Finding, error) {
 		}
 	}
 	return acted, nil
+}
+
+// podGPUs is what the node trusts a pod to hold: its GPUPlan binding, or
+// the whole GPUs this node recorded for it (unplanned); nil otherwise (a
+// pod whose annotation no plan confirms holds nothing here).
+func (w *Watcher) podGPUs(p *corev1.Pod, plans []*v1alpha1.GPUPlan) []v1alpha1.GPUAssignment {
+	gpus, planned, err := deviceplugin.Planned(p, plans, w.cfg.NodeName)
+	switch {
+	case err != nil:
+		klog.V(2).InfoS("pod's devices not confirmed by a plan; it holds no GPU here", "pod", klog.KObj(p), "err", err)
+		return nil
+	case planned:
+		return gpus
+	case p.Annotations[deviceplugin.AnnotationAllocatedBy] == deviceplugin.AllocatedByValue(w.cfg.NodeName):
+		devs, err := v1alpha1.ParseDevices(p.Annotations[v1alpha1.AnnotationDevices])
+		if err != nil {
+			return nil
+		}
+		out := make([]v1alpha1.GPUAssignment, len(devs))
+		for i, d := range devs {
+			out[i] = v1alpha1.GPUAssignment{UUID: d.UUID, MemoryMiB: d.MemoryMiB, Cores: 100, Exclusive: true}
+		}
+		return out
+	}
+	return nil
+}
+
+// chunksOf splits a pod's GPUs among its containers (whichever resource
+// they request); a pod whose counts do not add up is one chunk per GPU.
+func chunksOf(p *corev1.Pod, gpus []v1alpha1.GPUAssignment) []deviceplugin.Chunk {
+	for _, res := range []corev1.ResourceName{v1alpha1.ResourceVGPU, v1alpha1.ResourceNvidiaGPU} {
+		if c, err := deviceplugin.ContainerChunks(p, res, gpus); err == nil && len(c) > 0 {
+			return c
+		}
+	}
+	out := make([]deviceplugin.Chunk, len(gpus))
+	for i := range gpus {
+		out[i] = deviceplugin.Chunk{PodUID: p.UID, Devices: gpus[i : i+1]}
+	}
+	return out
 }
 
 // processes lists compute processes on every GPU with their pods.
@@ -231,17 +280,7 @@ func (w *Watcher) hookUsage(pods map[types.UID]Pod, byUID map[types.UID]*corev1.
 		return out
 	}
 	for uid, pod := range pods {
-		if pod.Limits == nil {
-			continue
-		}
-		p := byUID[uid]
-		var chunks []deviceplugin.Chunk
-		for _, res := range []corev1.ResourceName{v1alpha1.ResourceVGPU, v1alpha1.ResourceNvidiaGPU} {
-			if c, err := deviceplugin.ContainerChunks(p, res); err == nil && len(c) > 0 {
-				chunks = c
-				break
-			}
-		}
+		chunks := pod.Chunks
 		for _, c := range chunks {
 			path := deviceplugin.HostCacheFile(w.cfg.CacheDir, uid, c.Container)
 			used, err := w.cfg.Hook.Used(path)
@@ -252,7 +291,10 @@ func (w *Watcher) hookUsage(pods map[types.UID]Pod, byUID map[types.UID]*corev1.
 				}
 				continue
 			}
-			devs := append([]v1alpha1.DeviceAssignment(nil), c.Devices...)
+			if c.Container == "" {
+				continue
+			}
+			devs := append([]v1alpha1.GPUAssignment(nil), c.Devices...)
 			sort.SliceStable(devs, func(i, j int) bool { return index[devs[i].UUID] < index[devs[j].UUID] })
 			if out[uid] == nil {
 				out[uid] = map[string]int64{}

@@ -53,6 +53,29 @@ func gpuPod(name, uid, devices string) *corev1.Pod {
 	}
 }
 
+// plansOf binds every pod to a GPUPlan slot matching its annotation.
+func plansOf(pods ...*corev1.Pod) deviceplugin.PlanLister {
+	return deviceplugin.PlanListerFunc(func(string) ([]*v1alpha1.GPUPlan, error) {
+		var out []*v1alpha1.GPUPlan
+		for _, p := range pods {
+			devs, err := v1alpha1.ParseDevices(p.Annotations[v1alpha1.AnnotationDevices])
+			if err != nil {
+				continue
+			}
+			a := v1alpha1.PodAssignment{PodSet: "main", Node: p.Spec.NodeName}
+			for _, d := range devs {
+				a.GPUs = append(a.GPUs, v1alpha1.GPUAssignment{UUID: d.UUID, MemoryMiB: d.MemoryMiB})
+			}
+			out = append(out, &v1alpha1.GPUPlan{
+				ObjectMeta: metav1.ObjectMeta{Name: "plan-" + p.Name, Namespace: p.Namespace},
+				Spec:       v1alpha1.GPUPlanSpec{Assignments: []v1alpha1.PodAssignment{a}},
+				Status:     v1alpha1.GPUPlanStatus{Bindings: []v1alpha1.SlotBinding{{PodSet: "main", PodName: p.Name, PodUID: p.UID}}},
+			})
+		}
+		return out, nil
+	})
+}
+
 func TestWatcher(t *testing.T) {
 	const uidA = "11111111-2222-3333-4444-555555555555"
 	hw := nvmlfake.DGXH100()
@@ -79,7 +102,8 @@ func TestWatcher(t *testing.T) {
 	w := New(Config{
 		NodeName: "n1", NVML: hw, Resolver: ProcResolver{Root: string(proc)},
 		Pods:   deviceplugin.PodListerFunc(func() ([]*corev1.Pod, error) { return []*corev1.Pod{pod}, nil }),
-		Client: cs, Recorder: rec, Policy: PolicyWarn, AllowanceMiB: 512, CacheDir: cache, Metrics: m,
+		Plans:  plansOf(pod),
+		Client: cs, Recorder: rec, Policy: PolicyWarn, SlackMiB: 512, CacheDir: cache, Metrics: m,
 		ReportEvery: time.Minute, Now: func() time.Time { return now },
 	})
 	ctx := context.Background()
@@ -171,7 +195,8 @@ func TestWatcherEvictPolicy(t *testing.T) {
 	w := New(Config{
 		NodeName: "n1", NVML: hw, Resolver: ProcResolver{Root: string(proc)},
 		Pods:   deviceplugin.PodListerFunc(func() ([]*corev1.Pod, error) { return []*corev1.Pod{pod}, nil }),
-		Client: cs, Recorder: rec, Policy: PolicyEvict, AllowanceMiB: 512,
+		Plans:  plansOf(pod),
+		Client: cs, Recorder: rec, Policy: PolicyEvict, SlackMiB: 512,
 	})
 	hw.GPUs[0].Set(func(g *nvmlfake.GPU) { g.Processes = []nvml.ProcessInfo{{Pid: 100, UsedGpuMemory: 20000 << 20}} })
 	for range 3 { // evicted once, not once per pass
