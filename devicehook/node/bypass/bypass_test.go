@@ -1,10 +1,15 @@
 package bypass
 
 import (
+	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"golang.org/x/sys/unix"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/gpupack/gpupack/devicehook/node/metrics"
@@ -192,4 +197,82 @@ func BenchmarkParseRegion(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// TestRegionFileBounded: the accounting file belongs to the tenant. Nothing
+// it puts there may block, exhaust or crash the agent.
+func TestRegionFileBounded(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good")
+	if err := os.WriteFile(good, EncodeRegion([][]uint64{{5 << 20}}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if u, err := (RegionFile{}).Used(good); err != nil || u[0] != 5<<20 {
+		t.Fatalf("good region: %v, %v", u, err)
+	}
+
+	fifo := filepath.Join(dir, "fifo")
+	if err := unix.Mkfifo(fifo, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	sparse := filepath.Join(dir, "sparse")
+	f, err := os.Create(sparse)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(4 << 40); err != nil { // 4 TiB, no blocks
+		t.Skipf("filesystem refuses a 4 TiB sparse file: %v", err)
+	}
+	f.Close()
+	link := filepath.Join(dir, "link")
+	if err := os.Symlink(good, link); err != nil {
+		t.Fatal(err)
+	}
+	oneOver := filepath.Join(dir, "one-over")
+	if err := os.WriteFile(oneOver, make([]byte, RegionSize+1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{fifo, sparse, link, oneOver, dir, "/dev/zero"} {
+		done := make(chan error, 1)
+		go func() { _, err := (RegionFile{}).Used(path); done <- err }()
+		select {
+		case err := <-done:
+			if !errors.Is(err, ErrHostileFile) {
+				t.Errorf("%s: err = %v, want ErrHostileFile", filepath.Base(path), err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: reader blocked", filepath.Base(path))
+		}
+	}
+	if _, err := (RegionFile{}).Used(filepath.Join(dir, "absent")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("absent: err = %v, want ErrNotExist", err)
+	}
+}
+
+// FuzzRegionFile: any file content reads without panic, bounded, and agrees
+// with ParseRegion.
+func FuzzRegionFile(f *testing.F) {
+	f.Add(EncodeRegion([][]uint64{{1, 2}, {3}}))
+	f.Add(make([]byte, 64))
+	f.Add(make([]byte, RegionSize+1))
+	huge := EncodeRegion([][]uint64{{^uint64(0)}, {^uint64(0)}})
+	f.Add(huge)
+	dir := f.TempDir()
+	f.Fuzz(func(t *testing.T, b []byte) {
+		path := filepath.Join(dir, "vgpu.cache")
+		if err := os.WriteFile(path, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		u, err := (RegionFile{}).Used(path)
+		if len(b) > RegionSize {
+			if !errors.Is(err, ErrHostileFile) {
+				t.Fatalf("%d bytes read: %v", len(b), err)
+			}
+			return
+		}
+		want, werr := ParseRegion(b)
+		if (err == nil) != (werr == nil) || cmp.Diff(want, u) != "" {
+			t.Fatalf("file %v %v, bytes %v %v", u, err, want, werr)
+		}
+	})
 }

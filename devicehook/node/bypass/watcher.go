@@ -38,6 +38,9 @@ const (
 	ReasonUnassigned = "GPUNotAssigned"
 	ReasonUnknown    = "UnknownGPUProcess"
 	ReasonEvicted    = "GPUBypassEviction"
+	// ReasonHostileAccounting: the container's accounting file is not one
+	// the hook writes (FIFO, symlink, oversized).
+	ReasonHostileAccounting = "HookAccountingHostile"
 )
 
 // Config of a Watcher.
@@ -285,7 +288,12 @@ func (w *Watcher) hookUsage(pods map[types.UID]Pod, byUID map[types.UID]*corev1.
 			path := deviceplugin.HostCacheFile(w.cfg.CacheDir, uid, c.Container)
 			used, err := w.cfg.Hook.Used(path)
 			if err != nil {
-				if !errors.Is(err, os.ErrNotExist) { // container not started yet, or no hook
+				switch {
+				case errors.Is(err, os.ErrNotExist): // container not started yet, or no hook
+				case errors.Is(err, ErrHostileFile):
+					w.cfg.Metrics.HookAccountingErrors.Inc()
+					w.hostile(byUID[uid], pod.Key, err)
+				default:
 					w.cfg.Metrics.HookAccountingErrors.Inc()
 					klog.V(2).InfoS("cannot read hook accounting", "pod", pod.Key, "file", path, "err", err)
 				}
@@ -355,6 +363,28 @@ func (w *Watcher) act(ctx context.Context, f Finding, pod *corev1.Pod) bool {
 		}
 	}
 	return fresh || evict
+}
+
+// hostile reports an accounting file the hook cannot have written (a FIFO,
+// a symlink, a 4 TiB sparse file): a finding about the pod, once per
+// ReportEvery; the file itself is never read.
+func (w *Watcher) hostile(pod *corev1.Pod, key types.NamespacedName, err error) {
+	k := "hostile|" + key.String()
+	now := w.cfg.Now()
+	w.mu.Lock()
+	last, seen := w.reported[k]
+	fresh := !seen || now.Sub(last) >= w.cfg.ReportEvery
+	if fresh {
+		w.reported[k] = now
+	}
+	w.mu.Unlock()
+	if !fresh {
+		return
+	}
+	klog.InfoS("hostile accounting file", "pod", key, "err", err)
+	if w.cfg.Recorder != nil && pod != nil {
+		w.cfg.Recorder.Event(pod, corev1.EventTypeWarning, ReasonHostileAccounting, "gpupack-node ignores this container's accounting file: "+err.Error())
+	}
 }
 
 func (w *Watcher) nodeRef() *corev1.ObjectReference {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -212,5 +213,50 @@ func TestWatcherEvictPolicy(t *testing.T) {
 	}
 	if len(evictions) != 1 || evictions[0] != "ns/a" {
 		t.Errorf("evictions = %v, want [ns/a]", evictions)
+	}
+}
+
+// TestWatcherHostileAccountingFile: a container replaces its accounting file
+// with a FIFO; the watcher neither blocks nor fails, and says so once.
+func TestWatcherHostileAccountingFile(t *testing.T) {
+	const uidA = "11111111-2222-3333-4444-555555555555"
+	hw := nvmlfake.DGXH100()
+	g0 := hw.GPUs[0].UUID()
+	pod := gpuPod("a", uidA, g0+":10000")
+	proc := procRoot(t.TempDir())
+	proc.writePID(t, 100, uidA)
+	cache := t.TempDir()
+	file := deviceplugin.HostCacheFile(cache, types.UID(uidA), "main")
+	if err := os.MkdirAll(filepath.Dir(file), 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mkfifo(file, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	rec := record.NewFakeRecorder(100)
+	w := New(Config{
+		NodeName: "n1", NVML: hw, Resolver: ProcResolver{Root: string(proc)},
+		Pods:  deviceplugin.PodListerFunc(func() ([]*corev1.Pod, error) { return []*corev1.Pod{pod}, nil }),
+		Plans: plansOf(pod), Recorder: rec, Policy: PolicyWarn, SlackMiB: 512, CacheDir: cache,
+	})
+	hw.GPUs[0].Set(func(g *nvmlfake.GPU) { g.Processes = []nvml.ProcessInfo{{Pid: 100, UsedGpuMemory: 1000 << 20}} })
+	for range 2 {
+		done := make(chan error, 1)
+		go func() { _, err := w.Once(context.Background()); done <- err }()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("watcher pass blocked on a FIFO")
+		}
+	}
+	var got []string
+	for len(rec.Events) > 0 {
+		got = append(got, <-rec.Events)
+	}
+	if len(got) != 1 || !strings.HasPrefix(got[0], "Warning "+ReasonHostileAccounting+" ") || !strings.Contains(got[0], "not a regular file") {
+		t.Errorf("events = %q, want one %s", got, ReasonHostileAccounting)
 	}
 }
