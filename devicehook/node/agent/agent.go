@@ -75,8 +75,11 @@ type Options struct {
 	ToolkitConfig string
 	Version       string
 
-	ProcRoot        string
-	BypassPolicy    bypass.Policy
+	ProcRoot     string
+	BypassPolicy bypass.Policy
+	// Killer ends processes under policies kill/enforce; nil signals them
+	// (tests pass a fake: NVML's PIDs are host PIDs).
+	Killer          bypass.Killer
 	BypassInterval  time.Duration
 	SlackMiB        int64 // per container, over its plan (CUDA contexts)
 	PublishInterval time.Duration
@@ -98,7 +101,7 @@ func DefaultOptions() Options {
 		HookDir: v1alpha1.DefaultHookHostPath, CacheDir: v1alpha1.DefaultSharedCacheDir, Version: "dev",
 		PluginMounts: true, LimitsDir: deviceplugin.DefaultLimitsDir, ContextReserve: deviceplugin.DefaultContextReserve(),
 		ToolkitConfig: "/etc/nvidia-container-runtime/config.toml",
-		ProcRoot:      "/proc", BypassPolicy: bypass.PolicyWarn, BypassInterval: 5 * time.Second, SlackMiB: 512,
+		ProcRoot:      "/proc", BypassPolicy: bypass.PolicyEnforce, BypassInterval: 5 * time.Second, SlackMiB: 512,
 		PublishInterval: 30 * time.Second, NVMLRetry: time.Minute, MetricsAddr: ":9400",
 	}
 }
@@ -270,7 +273,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	w := bypass.New(bypass.Config{
 		NodeName: a.opts.NodeName, NVML: a.lib, Resolver: bypass.ProcResolver{Root: a.opts.ProcRoot},
-		Pods: a.pods, Plans: a.plans, Client: a.client, Recorder: a.recorder, Policy: a.opts.BypassPolicy,
+		Pods: a.pods, Plans: a.plans, Client: a.client, Killer: a.opts.Killer, Recorder: a.recorder, Policy: a.opts.BypassPolicy,
 		SlackMiB: a.opts.SlackMiB, CacheDir: a.opts.CacheDir, Metrics: a.Metrics, Interval: a.opts.BypassInterval,
 	})
 	wg.Add(1)

@@ -26,12 +26,19 @@ func TestParseFlags(t *testing.T) {
 		check   func(o Options) bool
 	}{
 		{"defaults", []string{"--node-name=n1"}, "", func(o Options) bool {
-			return o.NodeName == "n1" && o.SlotsPerGPU == 10 && o.Buffer == flavors.DefaultBuffer() && o.BypassPolicy == bypass.PolicyWarn
+			return o.NodeName == "n1" && o.SlotsPerGPU == 10 && o.Buffer == flavors.DefaultBuffer() && o.BypassPolicy == bypass.PolicyEnforce &&
+				o.PluginMounts && o.LimitsDir == "/var/lib/gpupack/limits" && o.SlackMiB == 512 && !o.VisibleDevicesEnv &&
+				o.ContextReserve.For("NVIDIA H200") == "512m"
 		}},
-		{"evict and buffer", []string{"--node-name=n1", "--bypass-policy=evict", "--buffer-percent=5", "--driver-overhead-mib=1000"}, "", func(o Options) bool {
-			return o.BypassPolicy == bypass.PolicyEvict && o.Buffer == flavors.Buffer{DriverOverheadMiB: 1000, BufferPercent: 5}
+		{"warn and buffer", []string{"--node-name=n1", "--bypass-policy=warn", "--buffer-percent=5", "--driver-overhead-mib=1000"}, "", func(o Options) bool {
+			return o.BypassPolicy == bypass.PolicyWarn && o.Buffer == flavors.Buffer{DriverOverheadMiB: 1000, BufferPercent: 5}
 		}},
-		{"bad policy", []string{"--node-name=n1", "--bypass-policy=kill"}, `--bypass-policy="kill": want warn or evict`, nil},
+		{"context reserve table", []string{"--node-name=n1", "--context-reserve=B200=1g,*=256m"}, "", func(o Options) bool {
+			return o.ContextReserve.For("NVIDIA B200") == "1g" && o.ContextReserve.For("NVIDIA H100") == "256m"
+		}},
+		{"bad context reserve", []string{"--node-name=n1", "--context-reserve=H100"}, "--context-reserve", nil},
+		{"evict is gone", []string{"--node-name=n1", "--bypass-policy=evict"}, "use enforce", nil},
+		{"bad policy", []string{"--node-name=n1", "--bypass-policy=maybe"}, `want warn, kill or enforce`, nil},
 		{"no slots", []string{"--node-name=n1", "--slots-per-gpu=0"}, "want at least 1", nil},
 		{"no node", []string{"--node-name="}, "--node-name is empty", nil},
 	}

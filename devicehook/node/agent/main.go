@@ -47,7 +47,7 @@ func ParseFlags(args []string) (Options, string, error) {
 	fs.StringVar(&o.ToolkitConfig, "toolkit-config", o.ToolkitConfig, "NVIDIA container toolkit config checked at start; empty skips the check")
 	fs.StringVar(&o.Version, "version-stamp", o.Version, "version written next to the installed hook")
 	fs.StringVar(&o.ProcRoot, "proc-root", o.ProcRoot, "the host's /proc (run with hostPID, or mount it)")
-	fs.StringVar(&policy, "bypass-policy", string(o.BypassPolicy), "what a GPU memory bypass costs the pod: warn (Event + metric) or evict")
+	fs.StringVar(&policy, "bypass-policy", string(o.BypassPolicy), "what GPU memory over a container's plan costs the pod: warn (Event + metric), kill (and SIGKILL its processes) or enforce (and delete the pod with grace 0)")
 	fs.DurationVar(&o.BypassInterval, "bypass-interval", o.BypassInterval, "how often GPU processes are checked")
 	fs.Int64Var(&o.SlackMiB, "bypass-slack-mib", o.SlackMiB, "GPU memory tolerated above a container's plan, per container (CUDA contexts), never per process")
 	fs.Int64Var(&o.SlackMiB, "bypass-allowance-mib", o.SlackMiB, "deprecated name of --bypass-slack-mib (now per container, not per process)")
@@ -61,11 +61,8 @@ func ParseFlags(args []string) (Options, string, error) {
 	if o.ContextReserve, err = deviceplugin.ParseContextReserve(reserve); err != nil {
 		return o, "", fmt.Errorf("--context-reserve: %w", err)
 	}
-	switch bypass.Policy(policy) {
-	case bypass.PolicyWarn, bypass.PolicyEvict:
-		o.BypassPolicy = bypass.Policy(policy)
-	default:
-		return o, "", fmt.Errorf("--bypass-policy=%q: want warn or evict", policy)
+	if o.BypassPolicy, err = bypass.ParsePolicy(policy); err != nil {
+		return o, "", fmt.Errorf("--bypass-policy: %w", err)
 	}
 	if o.SlotsPerGPU < 1 {
 		return o, "", fmt.Errorf("--slots-per-gpu=%d: want at least 1", o.SlotsPerGPU)

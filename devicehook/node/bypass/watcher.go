@@ -11,8 +11,9 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
-	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -28,16 +29,67 @@ import (
 type Policy string
 
 const (
-	PolicyWarn  Policy = "warn"  // Event + metric
-	PolicyEvict Policy = "evict" // and an eviction (PDBs respected)
+	PolicyWarn Policy = "warn" // Event + metric
+	// PolicyKill also SIGKILLs the offending processes, every pass while
+	// the finding stands (the container restarts per its restartPolicy).
+	PolicyKill Policy = "kill"
+	// PolicyEnforce kills the processes and deletes the pod with grace
+	// period 0 (the default). Not the Eviction API: a PodDisruptionBudget,
+	// a long grace period or an eviction webhook a tenant can steer would
+	// hold it.
+	PolicyEnforce Policy = "enforce"
 )
+
+// ParsePolicy reads a --bypass-policy value.
+func ParsePolicy(s string) (Policy, error) {
+	switch p := Policy(s); p {
+	case PolicyWarn, PolicyKill, PolicyEnforce:
+		return p, nil
+	case "evict":
+		return "", fmt.Errorf("bypass policy %q is gone: the Eviction API can be held by a PodDisruptionBudget or the eviction webhook; use enforce (kill + delete with grace 0)", s)
+	}
+	return "", fmt.Errorf("bypass policy %q: want warn, kill or enforce", s)
+}
+
+// Killer ends a host process. verify is called once the process is pinned
+// (pidfd) and must confirm it is still the pod's: a PID NVML sampled may
+// have exited and been reused since.
+type Killer interface {
+	Kill(pid uint32, verify func() bool) error
+}
+
+// SignalKiller SIGKILLs through a pidfd (race-free against PID reuse),
+// falling back to kill(2) on kernels without pidfd_open. gpupack-node
+// runs with hostPID, so NVML's host PIDs are its own.
+type SignalKiller struct{}
+
+// Kill implements Killer.
+func (SignalKiller) Kill(pid uint32, verify func() bool) error {
+	fd, err := unix.PidfdOpen(int(pid), 0)
+	if err == unix.ENOSYS {
+		if !verify() {
+			return errNotOurs
+		}
+		return unix.Kill(int(pid), unix.SIGKILL)
+	}
+	if err != nil {
+		return fmt.Errorf("pidfd_open %d: %w", pid, err)
+	}
+	defer unix.Close(fd)
+	if !verify() {
+		return errNotOurs
+	}
+	return unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+}
+
+var errNotOurs = errors.New("process is no longer the pod's")
 
 // Event reasons (stable, CamelCase).
 const (
 	ReasonOverLimit  = "GPUMemoryOverLimit"
 	ReasonUnassigned = "GPUNotAssigned"
 	ReasonUnknown    = "UnknownGPUProcess"
-	ReasonEvicted    = "GPUBypassEviction"
+	ReasonEnforced   = "GPUBypassEnforced"
 	// ReasonHostileAccounting: the container's accounting file is not one
 	// the hook writes (FIFO, symlink, oversized).
 	ReasonHostileAccounting = "HookAccountingHostile"
@@ -50,7 +102,8 @@ type Config struct {
 	Resolver Resolver
 	Pods     deviceplugin.PodLister
 	Plans    deviceplugin.PlanLister // the truth about who holds what
-	Client   kubernetes.Interface    // for evictions
+	Client   kubernetes.Interface    // deletes pods under PolicyEnforce
+	Killer   Killer                  // nil: SignalKiller
 	Recorder record.EventRecorder
 	Policy   Policy
 	// SlackMiB per container (not per process: 64 processes must not hide
@@ -72,7 +125,7 @@ type Watcher struct {
 	cfg      Config
 	mu       sync.Mutex
 	reported map[string]time.Time
-	evicted  map[types.UID]bool
+	deleted  map[types.UID]bool
 }
 
 // New creates a watcher.
@@ -93,9 +146,12 @@ func New(cfg Config) *Watcher {
 		cfg.Now = time.Now
 	}
 	if cfg.Policy == "" {
-		cfg.Policy = PolicyWarn
+		cfg.Policy = PolicyEnforce
 	}
-	return &Watcher{cfg: cfg, reported: map[string]time.Time{}, evicted: map[types.UID]bool{}}
+	if cfg.Killer == nil {
+		cfg.Killer = SignalKiller{}
+	}
+	return &Watcher{cfg: cfg, reported: map[string]time.Time{}, deleted: map[types.UID]bool{}}
 }
 
 // Run polls until ctx ends.
@@ -317,20 +373,24 @@ func (w *Watcher) hookUsage(pods map[types.UID]Pod, byUID map[types.UID]*corev1.
 	return out
 }
 
-// act reports a finding (deduplicated) and evicts under policy evict. It
-// returns whether the finding was reported in this pass.
+// act reports a finding (deduplicated) and enforces the policy: kill the
+// offending processes (every pass while the finding stands), and under
+// enforce delete the pod with grace period 0 (once; retried on failure).
+// Processes of no pod on this node are reported, never killed. It returns
+// whether the finding was reported or acted on in this pass.
 func (w *Watcher) act(ctx context.Context, f Finding, pod *corev1.Pod) bool {
 	key := string(f.Pod) + "|" + f.GPU + "|" + f.Kind + "|" + strconv.Itoa(len(f.PIDs))
 	now := w.cfg.Now()
+	enforce := w.cfg.Policy != PolicyWarn && pod != nil && f.Kind != metrics.KindUnknown
 	w.mu.Lock()
 	last, seen := w.reported[key]
 	fresh := !seen || now.Sub(last) >= w.cfg.ReportEvery
 	if fresh {
 		w.reported[key] = now
 	}
-	evict := w.cfg.Policy == PolicyEvict && pod != nil && f.Kind != metrics.KindUnknown && !w.evicted[f.Pod]
-	if evict {
-		w.evicted[f.Pod] = true
+	del := enforce && w.cfg.Policy == PolicyEnforce && !w.deleted[f.Pod]
+	if del {
+		w.deleted[f.Pod] = true
 	}
 	w.mu.Unlock()
 
@@ -346,24 +406,48 @@ func (w *Watcher) act(ctx context.Context, f Finding, pod *corev1.Pod) bool {
 		}
 		klog.InfoS("GPU bypass detected", "kind", f.Kind, "pod", f.Key, "gpu", f.GPU, "usedMiB", f.UsedMiB, "limitMiB", f.LimitMiB, "pids", f.PIDs)
 	}
-	if evict {
-		err := w.cfg.Client.PolicyV1().Evictions(pod.Namespace).Evict(ctx, &policyv1.Eviction{
-			ObjectMeta: metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace},
+	if !enforce {
+		return fresh
+	}
+	var killed []uint32
+	for _, pid := range f.PIDs {
+		err := w.cfg.Killer.Kill(pid, func() bool {
+			uid, ok, err := w.cfg.Resolver.PodOf(pid)
+			return err == nil && ok && uid == f.Pod
 		})
 		if err != nil {
+			klog.V(2).InfoS("bypass kill skipped", "pod", f.Key, "pid", pid, "err", err)
+			continue
+		}
+		killed = append(killed, pid)
+		w.cfg.Metrics.BypassActions.WithLabelValues("kill").Inc()
+	}
+	if del {
+		uid := pod.UID
+		err := w.cfg.Client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
+			GracePeriodSeconds: ptr(int64(0)),
+			Preconditions:      &metav1.Preconditions{UID: &uid},
+		})
+		if err != nil && !apierrors.IsNotFound(err) {
 			w.mu.Lock()
-			delete(w.evicted, f.Pod) // try again next pass (e.g. a PDB said no)
+			delete(w.deleted, f.Pod) // try again next pass
 			w.mu.Unlock()
-			klog.ErrorS(err, "bypass eviction failed", "pod", f.Key)
-		} else {
-			w.cfg.Metrics.BypassEvictions.Inc()
-			if w.cfg.Recorder != nil {
-				w.cfg.Recorder.Event(pod, corev1.EventTypeWarning, ReasonEvicted, "evicted by gpupack-node (bypass policy evict): "+f.Message())
-			}
+			klog.ErrorS(err, "bypass pod delete failed", "pod", f.Key)
+		} else if err == nil {
+			w.cfg.Metrics.BypassActions.WithLabelValues("delete").Inc()
 		}
 	}
-	return fresh || evict
+	if (len(killed) > 0 || del) && w.cfg.Recorder != nil {
+		what := fmt.Sprintf("killed processes %v", killed)
+		if del {
+			what += " and deleted the pod (grace period 0)"
+		}
+		w.cfg.Recorder.Event(pod, corev1.EventTypeWarning, ReasonEnforced, fmt.Sprintf("gpupack-node %s (bypass policy %s): %s", what, w.cfg.Policy, f.Message()))
+	}
+	return fresh || len(killed) > 0 || del
 }
+
+func ptr[T any](v T) *T { return &v }
 
 // hostile reports an accounting file the hook cannot have written (a FIFO,
 // a symlink, a 4 TiB sparse file): a finding about the pod, once per

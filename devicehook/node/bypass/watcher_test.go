@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
@@ -102,8 +103,8 @@ func TestWatcher(t *testing.T) {
 	now := time.Unix(0, 0)
 	w := New(Config{
 		NodeName: "n1", NVML: hw, Resolver: ProcResolver{Root: string(proc)},
-		Pods:   deviceplugin.PodListerFunc(func() ([]*corev1.Pod, error) { return []*corev1.Pod{pod}, nil }),
-		Plans:  plansOf(pod),
+		Pods:  deviceplugin.PodListerFunc(func() ([]*corev1.Pod, error) { return []*corev1.Pod{pod}, nil }),
+		Plans: plansOf(pod), Killer: &fakeKiller{},
 		Client: cs, Recorder: rec, Policy: PolicyWarn, SlackMiB: 512, CacheDir: cache, Metrics: m,
 		ReportEvery: time.Minute, Now: func() time.Time { return now },
 	})
@@ -184,35 +185,139 @@ func TestWatcher(t *testing.T) {
 	}
 }
 
-func TestWatcherEvictPolicy(t *testing.T) {
+// fakeKiller records kills; verify runs as the real one runs it.
+type fakeKiller struct{ killed []uint32 }
+
+func (k *fakeKiller) Kill(pid uint32, verify func() bool) error {
+	if !verify() {
+		return errNotOurs
+	}
+	k.killed = append(k.killed, pid)
+	return nil
+}
+
+// reusedAfterFirstLook runs reuse after pid is first resolved.
+type reusedAfterFirstLook struct {
+	Resolver
+	pid   uint32
+	reuse func()
+	done  bool
+}
+
+func (r *reusedAfterFirstLook) PodOf(pid uint32) (types.UID, bool, error) {
+	uid, ok, err := r.Resolver.PodOf(pid)
+	if pid == r.pid && !r.done {
+		r.done = true
+		r.reuse()
+	}
+	return uid, ok, err
+}
+
+func deletes(cs *fake.Clientset) []string {
+	var out []string
+	for _, a := range cs.Actions() {
+		if d, ok := a.(k8stesting.DeleteAction); ok && a.GetResource().Resource == "pods" {
+			grace := "default"
+			if o := d.GetDeleteOptions(); o.GracePeriodSeconds != nil {
+				grace = strconv.FormatInt(*o.GracePeriodSeconds, 10)
+			}
+			out = append(out, d.GetNamespace()+"/"+d.GetName()+" grace="+grace)
+		}
+		if a.GetSubresource() == "eviction" {
+			out = append(out, "eviction")
+		}
+	}
+	return out
+}
+
+// TestWatcherEnforce: over its plan plus one container's slack, a pod's GPU
+// processes are SIGKILLed and the pod is deleted with grace 0 — even when
+// it forks 64 processes, each under a per-process allowance.
+func TestWatcherEnforce(t *testing.T) {
 	const uidA = "11111111-2222-3333-4444-555555555555"
 	hw := nvmlfake.DGXH100()
 	g0 := hw.GPUs[0].UUID()
 	pod := gpuPod("a", uidA, g0+":10000")
 	proc := procRoot(t.TempDir())
-	proc.writePID(t, 100, uidA)
+	var ps []nvml.ProcessInfo
+	for i := range 64 {
+		pid := uint32(5000 + i)
+		proc.writePID(t, pid, uidA)
+		ps = append(ps, nvml.ProcessInfo{Pid: pid, UsedGpuMemory: 672 << 20}) // 64 × 672 = 43008 MiB
+	}
+	proc.writePID(t, 9, "") // a host process on the same GPU
+	ps = append(ps, nvml.ProcessInfo{Pid: 9, UsedGpuMemory: 100 << 20})
+	// NVML samples: the overrun shows up in the second sample, not at once.
+	hw.GPUs[0].Set(func(g *nvmlfake.GPU) {
+		g.SampleEvery = 2
+		g.Processes = []nvml.ProcessInfo{{Pid: 5000, UsedGpuMemory: 9000 << 20}}
+	})
 	cs := fake.NewClientset(pod)
 	rec := record.NewFakeRecorder(100)
+	k := &fakeKiller{}
 	w := New(Config{
 		NodeName: "n1", NVML: hw, Resolver: ProcResolver{Root: string(proc)},
-		Pods:   deviceplugin.PodListerFunc(func() ([]*corev1.Pod, error) { return []*corev1.Pod{pod}, nil }),
-		Plans:  plansOf(pod),
-		Client: cs, Recorder: rec, Policy: PolicyEvict, SlackMiB: 512,
+		Pods:  deviceplugin.PodListerFunc(func() ([]*corev1.Pod, error) { return []*corev1.Pod{pod}, nil }),
+		Plans: plansOf(pod), Killer: k,
+		Client: cs, Recorder: rec, SlackMiB: 512, // default policy: enforce
 	})
-	hw.GPUs[0].Set(func(g *nvmlfake.GPU) { g.Processes = []nvml.ProcessInfo{{Pid: 100, UsedGpuMemory: 20000 << 20}} })
-	for range 3 { // evicted once, not once per pass
-		if _, err := w.Once(context.Background()); err != nil {
+	ctx := context.Background()
+	if _, err := w.Once(ctx); err != nil { // sample 1: within plan
+		t.Fatal(err)
+	}
+	hw.GPUs[0].Set(func(g *nvmlfake.GPU) { g.Processes = ps })
+	if f, _ := w.Once(ctx); len(f) != 0 || len(k.killed) != 0 { // still sample 1
+		t.Fatalf("acted on a process list NVML had not sampled yet: %v, killed %v", f, k.killed)
+	}
+	// PID 5063 exits right after NVML sampled it and the watcher resolved
+	// it, and the PID is reused by a host process before the kill.
+	w.cfg.Resolver = &reusedAfterFirstLook{Resolver: w.cfg.Resolver, pid: 5063, reuse: func() { proc.writePID(t, 5063, "") }}
+	for range 3 {
+		if _, err := w.Once(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
-	var evictions []string
-	for _, a := range cs.Actions() {
-		if c, ok := a.(k8stesting.CreateAction); ok && a.GetSubresource() == "eviction" {
-			evictions = append(evictions, c.GetNamespace()+"/"+c.GetObject().(metav1.Object).GetName())
+	if len(k.killed) != 3*63 {
+		t.Fatalf("killed %d processes, want the pod's 63 in each of 3 passes (PID 5063 is not the pod's any more)", len(k.killed))
+	}
+	for _, pid := range k.killed {
+		if pid == 9 || pid == 5063 {
+			t.Errorf("killed pid %d, which is not the pod's", pid)
 		}
 	}
-	if len(evictions) != 1 || evictions[0] != "ns/a" {
-		t.Errorf("evictions = %v, want [ns/a]", evictions)
+	if d := cmp.Diff([]string{"ns/a grace=0"}, deletes(cs)); d != "" {
+		t.Errorf("pod deletes (-want +got):\n%s", d)
+	}
+	var enforced int
+	for len(rec.Events) > 0 {
+		if e := <-rec.Events; strings.Contains(e, ReasonEnforced) && strings.Contains(e, "deleted the pod (grace period 0)") {
+			enforced++
+		}
+	}
+	if enforced != 1 {
+		t.Errorf("%d %s events naming the delete, want 1", enforced, ReasonEnforced)
+	}
+
+	// Policy warn reports the same thing and touches nothing.
+	cs2, k2 := fake.NewClientset(pod), &fakeKiller{}
+	warn := New(Config{
+		NodeName: "n1", NVML: hw, Resolver: ProcResolver{Root: string(proc)},
+		Pods:  deviceplugin.PodListerFunc(func() ([]*corev1.Pod, error) { return []*corev1.Pod{pod}, nil }),
+		Plans: plansOf(pod), Killer: k2, Client: cs2, Policy: PolicyWarn, SlackMiB: 512,
+	})
+	if f, _ := warn.Once(ctx); len(f) != 2 || f[1].Kind != metrics.KindOverLimit || len(k2.killed) != 0 || len(deletes(cs2)) != 0 {
+		t.Errorf("warn: findings %v, killed %v, deletes %v", f, k2.killed, deletes(cs2))
+	}
+}
+
+func TestParsePolicy(t *testing.T) {
+	for _, s := range []string{"warn", "kill", "enforce"} {
+		if p, err := ParsePolicy(s); err != nil || string(p) != s {
+			t.Errorf("ParsePolicy(%q) = %q, %v", s, p, err)
+		}
+	}
+	if _, err := ParsePolicy("evict"); err == nil || !strings.Contains(err.Error(), "use enforce") {
+		t.Errorf("evict: %v", err)
 	}
 }
 
@@ -237,7 +342,7 @@ func TestWatcherHostileAccountingFile(t *testing.T) {
 	w := New(Config{
 		NodeName: "n1", NVML: hw, Resolver: ProcResolver{Root: string(proc)},
 		Pods:  deviceplugin.PodListerFunc(func() ([]*corev1.Pod, error) { return []*corev1.Pod{pod}, nil }),
-		Plans: plansOf(pod), Recorder: rec, Policy: PolicyWarn, SlackMiB: 512, CacheDir: cache,
+		Plans: plansOf(pod), Killer: &fakeKiller{}, Recorder: rec, Policy: PolicyWarn, SlackMiB: 512, CacheDir: cache,
 	})
 	hw.GPUs[0].Set(func(g *nvmlfake.GPU) { g.Processes = []nvml.ProcessInfo{{Pid: 100, UsedGpuMemory: 1000 << 20}} })
 	for range 2 {

@@ -31,7 +31,17 @@ type GPU struct {
 	// UncorrectableECC is the volatile uncorrected ECC error count.
 	UncorrectableECC uint64
 	Fabric           *nvml.GpuFabricInfo // nil: fabric not supported (HGX)
-	Processes        []nvml.ProcessInfo
+	// Processes are the compute processes now, by host PID (NVML never
+	// reports the PID a container sees), UsedGpuMemory in bytes or
+	// nvml.VALUE_NOT_AVAILABLE.
+	Processes []nvml.ProcessInfo
+	// SampleEvery > 0 makes the process list a sample, as the driver's is:
+	// GetComputeRunningProcesses answers with the list as it was at every
+	// SampleEvery-th call, so a process that started, grew or exited since
+	// is seen late (or, if it lived between two samples, never).
+	SampleEvery int
+	sample      []nvml.ProcessInfo
+	calls       int
 }
 
 // Set changes the GPU under its lock.
@@ -189,7 +199,14 @@ func complete(g *GPU) {
 	d.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) {
 		g.mu.Lock()
 		defer g.mu.Unlock()
-		return append([]nvml.ProcessInfo(nil), g.Processes...), nvml.SUCCESS
+		if g.SampleEvery <= 0 {
+			return append([]nvml.ProcessInfo(nil), g.Processes...), nvml.SUCCESS
+		}
+		if g.calls%g.SampleEvery == 0 {
+			g.sample = append([]nvml.ProcessInfo(nil), g.Processes...)
+		}
+		g.calls++
+		return append([]nvml.ProcessInfo(nil), g.sample...), nvml.SUCCESS
 	}
 }
 

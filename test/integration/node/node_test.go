@@ -1,7 +1,8 @@
 // Package node runs gpupack-node's agent (with go-nvml's mocked DGX/NVL
 // hardware standing in for the driver) against a real kube-apiserver: the
 // inventory it publishes, a GPU health change, capacity the kubelet reset,
-// and a bypass that ends in an Event, a metric and an eviction.
+// a plan-bound Allocate (CDI devices, mounts, limits file), a forged
+// annotation refused, and a bypass that ends in a kill and a pod delete.
 package node
 
 import (
@@ -11,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -45,6 +47,8 @@ func startAgent(t *testing.T, env *framework.Env, hw *nvmlfake.Node, policy bypa
 	o.MetricsAddr, o.ToolkitConfig = "", ""
 	o.ProcRoot, o.CacheDir, o.LimitsDir = proc, t.TempDir(), t.TempDir()
 	o.Dynamic = dynamic.NewForConfigOrDie(env.Config)
+	// NVML's PIDs are the fake's; never signal a real process of this machine.
+	o.Killer = &recordingKiller{}
 	o.BypassPolicy, o.BypassInterval, o.PublishInterval = policy, 100*time.Millisecond, 200*time.Millisecond
 	a := agent.New(o, hw, env.Clientset)
 	ctx, cancel := context.WithCancel(env.Ctx)
@@ -115,7 +119,7 @@ func TestNodeAgent(t *testing.T) {
 	}
 	t.Cleanup(func() { os.RemoveAll(pluginDir) })
 	kubelet := kubelettest.Start(t, pluginDir)
-	a, proc, opts := startAgent(t, env, hw, bypass.PolicyEvict, pluginDir)
+	a, proc, opts := startAgent(t, env, hw, bypass.PolicyEnforce, pluginDir)
 	alloc := flavors.DefaultBuffer().Allocatable(81920)
 
 	t.Run("publishes inventory", func(t *testing.T) {
@@ -283,7 +287,7 @@ func TestNodeAgent(t *testing.T) {
 		env.Clientset.CoreV1().Pods(ns).Delete(env.Ctx, "forged", metav1.DeleteOptions{GracePeriodSeconds: ptr(int64(0))})
 	})
 
-	t.Run("a bypass ends in an Event, a metric and an eviction", func(t *testing.T) {
+	t.Run("a bypass ends in an Event, a metric, a kill and a pod delete with grace 0", func(t *testing.T) {
 		ns := env.Namespace(t, "team")
 		g0 := hw.GPUs[0].UUID()
 		pod := gpuPod("static-binary", ns, g0+":10000", 1)
@@ -306,22 +310,25 @@ func TestNodeAgent(t *testing.T) {
 		if v, err := metrics.Value(a.Registry(), "gpupack_node_bypass_detections_total", map[string]string{"kind": metrics.KindOverLimit}); err != nil || v < 1 {
 			t.Errorf("bypass detections = %v, %v", v, err)
 		}
-		env.Eventually(t, 20*time.Second, "pod evicted", func() (bool, string) {
-			p, err := env.Clientset.CoreV1().Pods(ns).Get(env.Ctx, pod.Name, metav1.GetOptions{})
+		// Deleted with grace 0, not evicted: a PodDisruptionBudget that
+		// allows no disruption does not hold it.
+		env.Eventually(t, 20*time.Second, "pod deleted", func() (bool, string) {
+			_, err := env.Clientset.CoreV1().Pods(ns).Get(env.Ctx, pod.Name, metav1.GetOptions{})
 			if apierrors.IsNotFound(err) {
 				return true, ""
 			}
-			if err != nil {
-				return false, err.Error()
-			}
-			return p.DeletionTimestamp != nil, "no deletionTimestamp"
+			return false, fmt.Sprint(err)
 		})
-		if v, _ := metrics.Value(a.Registry(), "gpupack_node_bypass_evictions_total", map[string]string{}); v != 1 {
-			t.Errorf("evictions metric = %v, want 1", v)
+		if v, _ := metrics.Value(a.Registry(), "gpupack_node_bypass_actions_total", map[string]string{"action": "delete"}); v != 1 {
+			t.Errorf("delete actions metric = %v, want 1", v)
 		}
-		env.Eventually(t, 20*time.Second, bypass.ReasonEvicted+" event", func() (bool, string) {
-			return len(events(env, ns, bypass.ReasonEvicted, pod.UID)) > 0, "none"
+		if got := opts.Killer.(*recordingKiller).pids(); len(got) == 0 || got[0] != 4242 {
+			t.Errorf("killed %v, want pid 4242", got)
+		}
+		env.Eventually(t, 20*time.Second, bypass.ReasonEnforced+" event", func() (bool, string) {
+			return len(events(env, ns, bypass.ReasonEnforced, pod.UID)) > 0, "none"
 		})
+		hw.GPUs[0].Set(func(g *nvmlfake.GPU) { g.Processes = nil })
 	})
 
 	// agent.Publish is the one-pass entry point other suites call.
@@ -370,6 +377,28 @@ func gpuPod(name, ns, devices string, gpus int64) *corev1.Pod {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// recordingKiller stands in for SIGKILL.
+type recordingKiller struct {
+	mu     sync.Mutex
+	killed []uint32
+}
+
+func (k *recordingKiller) Kill(pid uint32, verify func() bool) error {
+	if !verify() {
+		return fmt.Errorf("pid %d is not the pod's", pid)
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.killed = append(k.killed, pid)
+	return nil
+}
+
+func (k *recordingKiller) pids() []uint32 {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return append([]uint32(nil), k.killed...)
+}
 
 func writeCgroup(t *testing.T, procRoot string, pid int, uid types.UID) {
 	t.Helper()
