@@ -6,6 +6,7 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"os"
@@ -40,6 +41,7 @@ import (
 	"github.com/gpupack/gpupack/devicehook/node/installer"
 	"github.com/gpupack/gpupack/devicehook/node/inventory"
 	"github.com/gpupack/gpupack/devicehook/node/metrics"
+	"github.com/gpupack/gpupack/devicehook/node/toolkit"
 	"github.com/gpupack/gpupack/flavors"
 )
 
@@ -209,6 +211,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer bc.Shutdown()
 	a.recorder = bc.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "gpupack-node", Host: a.opts.NodeName})
 
+	a.checkToolkit(ctx)
+
 	if a.opts.MetricsAddr != "" {
 		srv := &http.Server{Addr: a.opts.MetricsAddr, Handler: promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 10 * time.Second}
 		go func() {
@@ -351,6 +355,49 @@ func (a *Agent) startPlugins(ctx context.Context, wg *sync.WaitGroup) {
 			}
 		}()
 	}
+}
+
+// Toolkit node condition (type, reasons).
+const (
+	ConditionToolkitSafe = "GPUPackToolkitSafe"
+	ReasonToolkitSafe    = "CDIOnly"
+	ReasonToolkitUnsafe  = "ToolkitUnsafe"
+)
+
+// checkToolkit checks the NVIDIA container toolkit settings once at start
+// and reports them: the gpupack_node_toolkit_unsafe metric per setting, a
+// GPUPackToolkitSafe condition on the Node, and a Warning Event when unsafe.
+// It never stops the agent (a node without the toolkit still publishes).
+func (a *Agent) checkToolkit(ctx context.Context) toolkit.Result {
+	if a.opts.ToolkitConfig == "" {
+		return toolkit.Result{}
+	}
+	r := toolkit.CheckFile(a.opts.ToolkitConfig, toolkit.CDISpecDirs)
+	unsafe := map[string]bool{}
+	for _, f := range r.Findings {
+		unsafe[f.Setting] = true
+	}
+	for _, s := range []string{toolkit.SettingConfig, toolkit.SettingEnvvar, toolkit.SettingCDI} {
+		v := 0.0
+		if unsafe[s] {
+			v = 1
+		}
+		a.Metrics.ToolkitUnsafe.WithLabelValues(s).Set(v)
+	}
+	cond := corev1.NodeCondition{Type: ConditionToolkitSafe, Status: corev1.ConditionTrue, Reason: ReasonToolkitSafe,
+		Message: r.Message(), LastTransitionTime: metav1.Now(), LastHeartbeatTime: metav1.Now()}
+	if !r.Safe() {
+		cond.Status, cond.Reason = corev1.ConditionFalse, ReasonToolkitUnsafe
+		klog.ErrorS(nil, "NVIDIA container toolkit settings let containers choose their own GPUs", "node", a.opts.NodeName, "findings", r.Message())
+		if a.recorder != nil {
+			a.recorder.Eventf(a.nodeRef(), corev1.EventTypeWarning, ReasonToolkitUnsafe, "%s", r.Message())
+		}
+	}
+	patch, _ := json.Marshal(map[string]any{"status": map[string]any{"conditions": []corev1.NodeCondition{cond}}})
+	if _, err := a.client.CoreV1().Nodes().Patch(ctx, a.opts.NodeName, types.StrategicMergePatchType, patch, metav1.PatchOptions{FieldManager: "gpupack-node"}, "status"); err != nil {
+		klog.ErrorS(err, "cannot set the toolkit condition", "node", a.opts.NodeName)
+	}
+	return r
 }
 
 // startPlanInformer watches every GPUPlan; the cache holds them typed.

@@ -44,7 +44,9 @@ func startAgent(t *testing.T, env *framework.Env, hw *nvmlfake.Node, policy bypa
 	o := agent.DefaultOptions()
 	o.NodeName, o.SlotsPerGPU = nodeName, 4
 	o.DevicePlugin, o.PluginDir = pluginDir != "", pluginDir
-	o.MetricsAddr, o.ToolkitConfig = "", ""
+	o.MetricsAddr = ""
+	// The toolkit config as a package installs it: unsafe for gpupack.
+	o.ToolkitConfig = filepath.Join("..", "..", "..", "devicehook", "node", "toolkit", "testdata", "default.toml")
 	o.ProcRoot, o.CacheDir, o.LimitsDir = proc, t.TempDir(), t.TempDir()
 	o.Dynamic = dynamic.NewForConfigOrDie(env.Config)
 	// NVML's PIDs are the fake's; never signal a real process of this machine.
@@ -157,6 +159,28 @@ func TestNodeAgent(t *testing.T) {
 		if n2, _ := getNode(env); n2.ResourceVersion != rv {
 			t.Errorf("node rewritten without a change (resourceVersion %s → %s)", rv, n2.ResourceVersion)
 		}
+	})
+
+	t.Run("unsafe toolkit settings are a node condition and an Event", func(t *testing.T) {
+		n, _ := getNode(env)
+		var cond *corev1.NodeCondition
+		for i := range n.Status.Conditions {
+			if n.Status.Conditions[i].Type == agent.ConditionToolkitSafe {
+				cond = &n.Status.Conditions[i]
+			}
+		}
+		if cond == nil || cond.Status != corev1.ConditionFalse || cond.Reason != agent.ReasonToolkitUnsafe ||
+			!strings.Contains(cond.Message, "accept-nvidia-visible-devices-envvar-when-unprivileged is not set") {
+			t.Errorf("condition = %+v", cond)
+		}
+		env.Eventually(t, 20*time.Second, "ToolkitUnsafe event on the node", func() (bool, string) {
+			for _, e := range events(env, "default", agent.ReasonToolkitUnsafe, "") {
+				if e.InvolvedObject.Kind == "Node" && e.InvolvedObject.Name == nodeName {
+					return true, ""
+				}
+			}
+			return false, "none"
+		})
 	})
 
 	t.Run("a GPU health change is reflected", func(t *testing.T) {
