@@ -276,3 +276,23 @@ func FuzzRegionFile(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkRegionFile: the bounded read of one container's accounting file
+// from disk (open O_NOFOLLOW|O_NONBLOCK, fstat, pread, parse).
+func BenchmarkRegionFile(b *testing.B) {
+	slots := make([][]uint64, 8)
+	for i := range slots {
+		slots[i] = []uint64{1 << 30, 2 << 30}
+	}
+	path := filepath.Join(b.TempDir(), "vgpu.cache")
+	if err := os.WriteFile(path, EncodeRegion(slots), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(RegionSize)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := (RegionFile{}).Used(path); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
