@@ -126,6 +126,9 @@ type Watcher struct {
 	mu       sync.Mutex
 	reported map[string]time.Time
 	deleted  map[types.UID]bool
+	// confirmed remembers what a plan gave each pod, for when the manager
+	// deletes the plan while the pod still runs.
+	confirmed map[types.UID][]v1alpha1.GPUAssignment
 }
 
 // New creates a watcher.
@@ -151,7 +154,7 @@ func New(cfg Config) *Watcher {
 	if cfg.Killer == nil {
 		cfg.Killer = SignalKiller{}
 	}
-	return &Watcher{cfg: cfg, reported: map[string]time.Time{}, deleted: map[types.UID]bool{}}
+	return &Watcher{cfg: cfg, reported: map[string]time.Time{}, deleted: map[types.UID]bool{}, confirmed: map[types.UID][]v1alpha1.GPUAssignment{}}
 }
 
 // Run polls until ctx ends.
@@ -215,6 +218,13 @@ func (w *Watcher) Once(ctx context.Context) ([]Finding, error) {
 		}
 		in.Pods[p.UID] = pod
 	}
+	w.mu.Lock()
+	for uid := range w.confirmed {
+		if _, ok := byUID[uid]; !ok {
+			delete(w.confirmed, uid)
+		}
+	}
+	w.mu.Unlock()
 	usage, findings := Decide(in)
 	w.observe(procs, index, usage, limitPerGPU, in.Pods, byUID)
 
@@ -230,15 +240,22 @@ func (w *Watcher) Once(ctx context.Context) ([]Finding, error) {
 // podGPUs is what the node trusts a pod to hold: its GPUPlan binding, or
 // the whole GPUs this node recorded for it (unplanned); nil otherwise (a
 // pod whose annotation no plan confirms holds nothing here).
+//
+// The manager deletes a workload's plan when it finishes or is evicted,
+// while its pods may still run (checkpointing, terminating). Such a pod
+// keeps what was confirmed: what this watcher saw the plan give it, or,
+// after an agent restart, its gpupack.io/devices when its GPU containers
+// have started — they could only start through Allocate, which checked the
+// annotation against the plan, and only the manager may change it since.
 func (w *Watcher) podGPUs(p *corev1.Pod, plans []*v1alpha1.GPUPlan) []v1alpha1.GPUAssignment {
 	gpus, planned, err := deviceplugin.Planned(p, plans, w.cfg.NodeName)
 	switch {
-	case err != nil:
-		klog.V(2).InfoS("pod's devices not confirmed by a plan; it holds no GPU here", "pod", klog.KObj(p), "err", err)
-		return nil
-	case planned:
+	case err == nil && planned:
+		w.mu.Lock()
+		w.confirmed[p.UID] = gpus
+		w.mu.Unlock()
 		return gpus
-	case p.Annotations[deviceplugin.AnnotationAllocatedBy] == deviceplugin.AllocatedByValue(w.cfg.NodeName):
+	case err == nil && p.Annotations[deviceplugin.AnnotationAllocatedBy] == deviceplugin.AllocatedByValue(w.cfg.NodeName):
 		devs, err := v1alpha1.ParseDevices(p.Annotations[v1alpha1.AnnotationDevices])
 		if err != nil {
 			return nil
@@ -248,8 +265,65 @@ func (w *Watcher) podGPUs(p *corev1.Pod, plans []*v1alpha1.GPUPlan) []v1alpha1.G
 			out[i] = v1alpha1.GPUAssignment{UUID: d.UUID, MemoryMiB: d.MemoryMiB, Cores: 100, Exclusive: true}
 		}
 		return out
+	case err == nil:
+		return nil
 	}
+	if _, bound := deviceplugin.BindingOf(p, plans); !bound {
+		w.mu.Lock()
+		c, ok := w.confirmed[p.UID]
+		w.mu.Unlock()
+		if ok {
+			return c
+		}
+		if startedGPUContainers(p) {
+			if devs, err := v1alpha1.ParseDevices(p.Annotations[v1alpha1.AnnotationDevices]); err == nil {
+				out := make([]v1alpha1.GPUAssignment, len(devs))
+				for i, d := range devs {
+					out[i] = v1alpha1.GPUAssignment{UUID: d.UUID, MemoryMiB: d.MemoryMiB}
+				}
+				return out
+			}
+		}
+	}
+	klog.V(2).InfoS("pod's devices not confirmed by a plan; it holds no GPU here", "pod", klog.KObj(p), "err", err)
 	return nil
+}
+
+// startedGPUContainers reports whether every container of p that requests
+// a gpupack GPU resource has started (and there is at least one): each went
+// through the device plugin's Allocate.
+func startedGPUContainers(p *corev1.Pod) bool {
+	n := 0
+	for _, list := range [][]corev1.Container{p.Spec.InitContainers, p.Spec.Containers} {
+		for i := range list {
+			c := &list[i]
+			gpu := false
+			for _, r := range []corev1.ResourceName{v1alpha1.ResourceVGPU, v1alpha1.ResourceNvidiaGPU} {
+				_, lim := c.Resources.Limits[r]
+				_, req := c.Resources.Requests[r]
+				gpu = gpu || lim || req
+			}
+			if !gpu {
+				continue
+			}
+			n++
+			if !containerStarted(p, c.Name) {
+				return false
+			}
+		}
+	}
+	return n > 0
+}
+
+func containerStarted(p *corev1.Pod, name string) bool {
+	for _, ss := range [][]corev1.ContainerStatus{p.Status.InitContainerStatuses, p.Status.ContainerStatuses} {
+		for _, s := range ss {
+			if s.Name == name && s.ContainerID != "" {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // chunksOf splits a pod's GPUs among its containers (whichever resource

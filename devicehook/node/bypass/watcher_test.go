@@ -365,3 +365,58 @@ func TestWatcherHostileAccountingFile(t *testing.T) {
 		t.Errorf("events = %q, want one %s", got, ReasonHostileAccounting)
 	}
 }
+
+// TestWatcherPlanDeletedWhilePodRuns: the manager deletes a workload's plan
+// when it is evicted, while its pods still checkpoint. They keep their
+// limits (not "unassigned", not killed for holding their own GPU), also
+// after an agent restart; a pod that never went through Allocate does not
+// gain a limit from its annotation.
+func TestWatcherPlanDeletedWhilePodRuns(t *testing.T) {
+	const uidA, uidB = "11111111-2222-3333-4444-555555555555", "22222222-2222-3333-4444-555555555555"
+	hw := nvmlfake.DGXH100()
+	g0 := hw.GPUs[0].UUID()
+	pod := gpuPod("a", uidA, g0+":10000")
+	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "main", ContainerID: "containerd://a"}}
+	forged := gpuPod("forged", uidB, g0+":70000") // never allocated: not started
+	proc := procRoot(t.TempDir())
+	proc.writePID(t, 100, uidA)
+	proc.writePID(t, 200, uidB)
+	plans := []*corev1.Pod{pod}
+	lister := deviceplugin.PlanListerFunc(func(ns string) ([]*v1alpha1.GPUPlan, error) { return plansOf(plans...).Plans(ns) })
+	newWatcher := func() (*Watcher, *fakeKiller) {
+		k := &fakeKiller{}
+		return New(Config{
+			NodeName: "n1", NVML: hw, Resolver: ProcResolver{Root: string(proc)},
+			Pods:   deviceplugin.PodListerFunc(func() ([]*corev1.Pod, error) { return []*corev1.Pod{pod, forged}, nil }),
+			Plans:  lister, Killer: k, Client: fake.NewClientset(pod, forged), SlackMiB: 512,
+		}), k
+	}
+	kinds := func(fs []Finding) map[string]string {
+		out := map[string]string{}
+		for _, f := range fs {
+			out[f.Key.Name] = f.Kind
+		}
+		return out
+	}
+	ctx := context.Background()
+	w, k := newWatcher()
+	hw.GPUs[0].Set(func(g *nvmlfake.GPU) { g.Processes = []nvml.ProcessInfo{{Pid: 100, UsedGpuMemory: 9000 << 20}} })
+	if f, _ := w.Once(ctx); len(f) != 0 {
+		t.Fatalf("with plan: %v", f)
+	}
+	plans = nil // released: the manager deleted it
+	if f, _ := w.Once(ctx); len(f) != 0 || len(k.killed) != 0 {
+		t.Fatalf("plan deleted, within limit: findings %v, killed %v", f, k.killed)
+	}
+	w2, k2 := newWatcher() // an agent restart: nothing remembered
+	if f, _ := w2.Once(ctx); len(f) != 0 || len(k2.killed) != 0 {
+		t.Fatalf("after restart, within limit: findings %v, killed %v", f, k2.killed)
+	}
+	hw.GPUs[0].Set(func(g *nvmlfake.GPU) {
+		g.Processes = []nvml.ProcessInfo{{Pid: 100, UsedGpuMemory: 20000 << 20}, {Pid: 200, UsedGpuMemory: 1000 << 20}}
+	})
+	f, _ := w2.Once(ctx)
+	if d := cmp.Diff(map[string]string{"a": metrics.KindOverLimit, "forged": metrics.KindUnassigned}, kinds(f)); d != "" {
+		t.Errorf("findings (-want +got):\n%s", d)
+	}
+}
