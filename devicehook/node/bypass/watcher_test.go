@@ -387,8 +387,8 @@ func TestWatcherPlanDeletedWhilePodRuns(t *testing.T) {
 		k := &fakeKiller{}
 		return New(Config{
 			NodeName: "n1", NVML: hw, Resolver: ProcResolver{Root: string(proc)},
-			Pods:   deviceplugin.PodListerFunc(func() ([]*corev1.Pod, error) { return []*corev1.Pod{pod, forged}, nil }),
-			Plans:  lister, Killer: k, Client: fake.NewClientset(pod, forged), SlackMiB: 512,
+			Pods:  deviceplugin.PodListerFunc(func() ([]*corev1.Pod, error) { return []*corev1.Pod{pod, forged}, nil }),
+			Plans: lister, Killer: k, Client: fake.NewClientset(pod, forged), SlackMiB: 512,
 		}), k
 	}
 	kinds := func(fs []Finding) map[string]string {
