@@ -363,10 +363,15 @@ func (w *Watcher) processes() ([]Proc, map[string]int, error) {
 		if ret != nvml.SUCCESS {
 			continue
 		}
+		var known int64
+		var unmeasured []int // indexes into out
 		for _, p := range ps {
 			used := int64(0)
 			if p.UsedGpuMemory != notAvailable {
 				used = int64(p.UsedGpuMemory >> 20)
+				known += used
+			} else {
+				unmeasured = append(unmeasured, len(out))
 			}
 			uid, ok, err := w.cfg.Resolver.PodOf(p.Pid)
 			if err != nil || !ok {
@@ -374,8 +379,38 @@ func (w *Watcher) processes() ([]Proc, map[string]int, error) {
 			}
 			out = append(out, Proc{PID: p.Pid, GPU: uuid, UsedMiB: used, Pod: uid})
 		}
+		w.attributeUnmeasured(d, uuid, out, unmeasured, known)
 	}
 	return out, index, nil
+}
+
+// attributeUnmeasured handles processes whose memory NVML reports as not
+// available (MIG, WDDM, missing permission), which would otherwise count as
+// 0 MiB and hide a bypass: the device's used memory minus what the other
+// processes account for is charged to them when they all belong to one pod
+// (to its first such process). Processes of several pods cannot be told
+// apart; that is logged and left at 0.
+func (w *Watcher) attributeUnmeasured(d nvml.Device, uuid string, procs []Proc, unmeasured []int, known int64) {
+	if len(unmeasured) == 0 {
+		return
+	}
+	mem, ret := d.GetMemoryInfo_v2()
+	if ret != nvml.SUCCESS {
+		klog.V(2).InfoS("per-process GPU memory not available and device memory unreadable", "gpu", uuid, "ret", ret)
+		return
+	}
+	residual := int64(mem.Used>>20) - known
+	if residual <= 0 {
+		return
+	}
+	pod := procs[unmeasured[0]].Pod
+	for _, i := range unmeasured {
+		if procs[i].Pod != pod {
+			klog.InfoS("per-process GPU memory not available for processes of several pods; not attributed", "gpu", uuid, "unattributedMiB", residual)
+			return
+		}
+	}
+	procs[unmeasured[0]].UsedMiB = residual
 }
 
 // observe sets the gauges of this pass, including hook-vs-NVML drift.

@@ -420,3 +420,31 @@ func TestWatcherPlanDeletedWhilePodRuns(t *testing.T) {
 		t.Errorf("findings (-want +got):\n%s", d)
 	}
 }
+
+// TestWatcherMemoryNotAvailable: NVML reports a process's memory as not
+// available; the device's used memory still convicts the pod.
+func TestWatcherMemoryNotAvailable(t *testing.T) {
+	const uidA = "11111111-2222-3333-4444-555555555555"
+	hw := nvmlfake.DGXH100()
+	g0 := hw.GPUs[0].UUID()
+	pod := gpuPod("a", uidA, g0+":10000")
+	proc := procRoot(t.TempDir())
+	proc.writePID(t, 100, uidA)
+	proc.writePID(t, 101, uidA)
+	w := New(Config{
+		NodeName: "n1", NVML: hw, Resolver: ProcResolver{Root: string(proc)},
+		Pods:  deviceplugin.PodListerFunc(func() ([]*corev1.Pod, error) { return []*corev1.Pod{pod}, nil }),
+		Plans: plansOf(pod), Killer: &fakeKiller{}, Policy: PolicyWarn, SlackMiB: 512,
+	})
+	hw.GPUs[0].Set(func(g *nvmlfake.GPU) {
+		g.HideProcessMemory = true
+		g.Processes = []nvml.ProcessInfo{{Pid: 100, UsedGpuMemory: 9000 << 20}, {Pid: 101, UsedGpuMemory: 11000 << 20}}
+	})
+	f, err := w.Once(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(f) != 1 || f[0].Kind != metrics.KindOverLimit || f[0].UsedMiB != 20000 {
+		t.Errorf("findings %+v, want over_limit at 20000 MiB", f)
+	}
+}
