@@ -245,7 +245,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.pods = deviceplugin.PodListerFunc(func() ([]*corev1.Pod, error) { return podLister.List(labels.Everything()) })
 	a.plans = deviceplugin.PlanListerFunc(func(string) ([]*v1alpha1.GPUPlan, error) { return nil, nil })
 	if a.opts.Dynamic != nil {
-		a.plans = startPlanInformer(ctx, a.opts.Dynamic)
+		a.plans = WatchPlans(ctx, a.opts.Dynamic)
 	} else {
 		klog.InfoS("no GPUPlan client: every planned pod will be refused", "node", a.opts.NodeName)
 	}
@@ -400,8 +400,10 @@ func (a *Agent) checkToolkit(ctx context.Context) toolkit.Result {
 	return r
 }
 
-// startPlanInformer watches every GPUPlan; the cache holds them typed.
-func startPlanInformer(ctx context.Context, dyn dynamic.Interface) deviceplugin.PlanLister {
+// WatchPlans watches every GPUPlan and returns a lister over the typed
+// cache (the agent's, and for anything else that drives a device plugin
+// against an API server, e.g. the demo).
+func WatchPlans(ctx context.Context, dyn dynamic.Interface) deviceplugin.PlanLister {
 	gvr := v1alpha1.GroupVersion.WithResource("gpuplans")
 	inf := dynamicinformer.NewDynamicSharedInformerFactory(dyn, 0).ForResource(gvr).Informer()
 	_ = inf.SetTransform(func(obj any) (any, error) {

@@ -3,6 +3,7 @@ package deviceplugin
 import (
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -95,4 +96,32 @@ func TestContextReserve(t *testing.T) {
 	if got := DefaultContextReserve().String(); got != "*=512m,H100=512m,H200=512m" {
 		t.Errorf("default table = %q", got)
 	}
+}
+
+// FuzzLimitsRoundTrip: whatever the plan says, the file written parses
+// back to exactly the plan's values and stays within the contract.
+func FuzzLimitsRoundTrip(f *testing.F) {
+	f.Add(int64(20480), int32(30), int64(1000), int32(100), "512m")
+	f.Add(int64(0), int32(0), int64(-1), int32(-5), "")
+	f.Fuzz(func(t *testing.T, m0 int64, c0 int32, m1 int64, c1 int32, reserve string) {
+		if !sizeRe.MatchString(reserve) {
+			reserve = ""
+		}
+		gpus := []LimitsGPU{{MemoryMiB: m0, Cores: c0}, {MemoryMiB: m1, Cores: c1}}
+		b := RenderLimits(gpus, reserve)
+		got, err := ParseLimits(b)
+		if err != nil {
+			t.Fatalf("%v\n%s", err, b)
+		}
+		for i, g := range gpus {
+			k := "CUDA_DEVICE_MEMORY_LIMIT_" + string(rune('0'+i))
+			if v, ok := got[k]; ok != (g.MemoryMiB > 0) || (ok && v != strconv.FormatInt(g.MemoryMiB, 10)+"m") {
+				t.Fatalf("%s = %q for %d MiB", k, v, g.MemoryMiB)
+			}
+			k = "CUDA_DEVICE_SM_LIMIT_" + string(rune('0'+i))
+			if _, ok := got[k]; ok != (g.Cores > 0 && g.Cores < 100) {
+				t.Fatalf("%s present=%v for %d%%", k, ok, g.Cores)
+			}
+		}
+	})
 }
