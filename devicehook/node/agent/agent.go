@@ -6,6 +6,7 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"os"
@@ -19,9 +20,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -36,6 +41,7 @@ import (
 	"github.com/gpupack/gpupack/devicehook/node/installer"
 	"github.com/gpupack/gpupack/devicehook/node/inventory"
 	"github.com/gpupack/gpupack/devicehook/node/metrics"
+	"github.com/gpupack/gpupack/devicehook/node/toolkit"
 	"github.com/gpupack/gpupack/flavors"
 )
 
@@ -54,23 +60,39 @@ type Options struct {
 	// HookSource is the library inside the agent image; "" skips installing.
 	HookSource string
 	HookDir    string // host folder GPU containers mount
-	// PluginMounts makes Allocate mount the hook folder, ld.so.preload and
-	// the accounting dir itself — for clusters without gpupack's webhook,
-	// which otherwise mounts them (both at once would clash).
+	// PluginMounts makes Allocate mount the hook folder, ld.so.preload, the
+	// container's accounting dir and its limits file (the default: the
+	// webhook adds no hostPath volume to tenant pods). false only for an old
+	// webhook that still mounts them (both at once would clash).
 	PluginMounts bool
 	CacheDir     string // host root of per-pod accounting dirs
-	Version      string
+	LimitsDir    string // host root of the trusted limits files
+	// ContextReserve is the per-model GPUPACK_CONTEXT_RESERVE table.
+	ContextReserve deviceplugin.ContextReserve
+	// VisibleDevicesEnv also sets NVIDIA_VISIBLE_DEVICES in Allocate (a
+	// runtime without CDI); devices are otherwise given by CDI name only.
+	VisibleDevicesEnv bool
+	// ToolkitConfig is the NVIDIA container toolkit's config.toml checked
+	// at start; "" skips the check.
+	ToolkitConfig string
+	Version       string
 
-	ProcRoot        string
-	BypassPolicy    bypass.Policy
+	ProcRoot     string
+	BypassPolicy bypass.Policy
+	// Killer ends processes under policies kill/enforce; nil signals them
+	// (tests pass a fake: NVML's PIDs are host PIDs).
+	Killer          bypass.Killer
 	BypassInterval  time.Duration
-	AllowanceMiB    int64
+	SlackMiB        int64 // per container, over its plan (CUDA contexts)
 	PublishInterval time.Duration
 	NVMLRetry       time.Duration
 	MetricsAddr     string // "" disables the metrics endpoint
 
 	// Fabric reads fabric info; nil uses the versioned call (real NVML).
 	Fabric inventory.FabricReader
+	// Dynamic reads GPUPlans (the device plugin and the watcher trust plan
+	// bindings, not pod annotations). Without it no pod is planned.
+	Dynamic dynamic.Interface
 }
 
 // DefaultOptions are the flag defaults.
@@ -79,7 +101,9 @@ func DefaultOptions() Options {
 		Buffer: flavors.DefaultBuffer(), SlotsPerGPU: 10,
 		DevicePlugin: true, PluginDir: "/var/lib/kubelet/device-plugins",
 		HookDir: v1alpha1.DefaultHookHostPath, CacheDir: v1alpha1.DefaultSharedCacheDir, Version: "dev",
-		ProcRoot: "/proc", BypassPolicy: bypass.PolicyWarn, BypassInterval: 5 * time.Second, AllowanceMiB: 512,
+		PluginMounts: true, LimitsDir: deviceplugin.DefaultLimitsDir, ContextReserve: deviceplugin.DefaultContextReserve(),
+		ToolkitConfig: "/etc/nvidia-container-runtime/config.toml",
+		ProcRoot:      "/proc", BypassPolicy: bypass.PolicyEnforce, BypassInterval: 5 * time.Second, SlackMiB: 512,
 		PublishInterval: 30 * time.Second, NVMLRetry: time.Minute, MetricsAddr: ":9400",
 	}
 }
@@ -97,6 +121,7 @@ type Agent struct {
 	mu      sync.Mutex
 	plugins []*deviceplugin.Plugin
 	pods    deviceplugin.PodLister
+	plans   deviceplugin.PlanLister
 }
 
 // New creates an agent. lib is nvml.New() in production and a go-nvml mock
@@ -186,6 +211,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer bc.Shutdown()
 	a.recorder = bc.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "gpupack-node", Host: a.opts.NodeName})
 
+	a.checkToolkit(ctx)
+
 	if a.opts.MetricsAddr != "" {
 		srv := &http.Server{Addr: a.opts.MetricsAddr, Handler: promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 10 * time.Second}
 		go func() {
@@ -216,6 +243,12 @@ func (a *Agent) Run(ctx context.Context) error {
 	}))
 	podLister := pf.Core().V1().Pods().Lister()
 	a.pods = deviceplugin.PodListerFunc(func() ([]*corev1.Pod, error) { return podLister.List(labels.Everything()) })
+	a.plans = deviceplugin.PlanListerFunc(func(string) ([]*v1alpha1.GPUPlan, error) { return nil, nil })
+	if a.opts.Dynamic != nil {
+		a.plans = WatchPlans(ctx, a.opts.Dynamic)
+	} else {
+		klog.InfoS("no GPUPlan client: every planned pod will be refused", "node", a.opts.NodeName)
+	}
 	// This node alone, to republish as soon as the kubelet resets capacity.
 	nf := informers.NewSharedInformerFactoryWithOptions(a.client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", a.opts.NodeName).String()
@@ -244,8 +277,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	w := bypass.New(bypass.Config{
 		NodeName: a.opts.NodeName, NVML: a.lib, Resolver: bypass.ProcResolver{Root: a.opts.ProcRoot},
-		Pods: a.pods, Client: a.client, Recorder: a.recorder, Policy: a.opts.BypassPolicy,
-		AllowanceMiB: a.opts.AllowanceMiB, CacheDir: a.opts.CacheDir, Metrics: a.Metrics, Interval: a.opts.BypassInterval,
+		Pods: a.pods, Plans: a.plans, Client: a.client, Killer: a.opts.Killer, Recorder: a.recorder, Policy: a.opts.BypassPolicy,
+		SlackMiB: a.opts.SlackMiB, CacheDir: a.opts.CacheDir, Metrics: a.Metrics, Interval: a.opts.BypassInterval,
 	})
 	wg.Add(1)
 	go func() { defer wg.Done(); w.Run(ctx) }()
@@ -304,7 +337,9 @@ func (a *Agent) startPlugins(ctx context.Context, wg *sync.WaitGroup) {
 		})
 	}
 	for _, c := range cfgs {
-		c.NodeName, c.PluginDir, c.Pods, c.Metrics = a.opts.NodeName, a.opts.PluginDir, a.pods, a.Metrics
+		c.NodeName, c.PluginDir, c.Pods, c.Plans, c.Metrics = a.opts.NodeName, a.opts.PluginDir, a.pods, a.plans, a.Metrics
+		c.Client, c.Recorder, c.AllocatableMiB = a.client, a.recorder, a.opts.Buffer.Allocatable
+		c.ContextReserve, c.VisibleDevicesEnv, c.LimitsDir = a.opts.ContextReserve, a.opts.VisibleDevicesEnv, a.opts.LimitsDir
 		if a.opts.PluginMounts {
 			c.HookDir, c.MountPreload, c.CacheHostDir = a.opts.HookDir, true, a.opts.CacheDir
 		}
@@ -322,10 +357,85 @@ func (a *Agent) startPlugins(ctx context.Context, wg *sync.WaitGroup) {
 	}
 }
 
-// gcAccounting removes accounting dirs of pods no longer on this node, an
-// hour after their last write (a pod's processes may still be exiting).
+// Toolkit node condition (type, reasons).
+const (
+	ConditionToolkitSafe = "GPUPackToolkitSafe"
+	ReasonToolkitSafe    = "CDIOnly"
+	ReasonToolkitUnsafe  = "ToolkitUnsafe"
+)
+
+// checkToolkit checks the NVIDIA container toolkit settings once at start
+// and reports them: the gpupack_node_toolkit_unsafe metric per setting, a
+// GPUPackToolkitSafe condition on the Node, and a Warning Event when unsafe.
+// It never stops the agent (a node without the toolkit still publishes).
+func (a *Agent) checkToolkit(ctx context.Context) toolkit.Result {
+	if a.opts.ToolkitConfig == "" {
+		return toolkit.Result{}
+	}
+	r := toolkit.CheckFile(a.opts.ToolkitConfig, toolkit.CDISpecDirs)
+	unsafe := map[string]bool{}
+	for _, f := range r.Findings {
+		unsafe[f.Setting] = true
+	}
+	for _, s := range []string{toolkit.SettingConfig, toolkit.SettingEnvvar, toolkit.SettingCDI} {
+		v := 0.0
+		if unsafe[s] {
+			v = 1
+		}
+		a.Metrics.ToolkitUnsafe.WithLabelValues(s).Set(v)
+	}
+	cond := corev1.NodeCondition{Type: ConditionToolkitSafe, Status: corev1.ConditionTrue, Reason: ReasonToolkitSafe,
+		Message: r.Message(), LastTransitionTime: metav1.Now(), LastHeartbeatTime: metav1.Now()}
+	if !r.Safe() {
+		cond.Status, cond.Reason = corev1.ConditionFalse, ReasonToolkitUnsafe
+		klog.ErrorS(nil, "NVIDIA container toolkit settings let containers choose their own GPUs", "node", a.opts.NodeName, "findings", r.Message())
+		if a.recorder != nil {
+			a.recorder.Eventf(a.nodeRef(), corev1.EventTypeWarning, ReasonToolkitUnsafe, "%s", r.Message())
+		}
+	}
+	patch, _ := json.Marshal(map[string]any{"status": map[string]any{"conditions": []corev1.NodeCondition{cond}}})
+	if _, err := a.client.CoreV1().Nodes().Patch(ctx, a.opts.NodeName, types.StrategicMergePatchType, patch, metav1.PatchOptions{FieldManager: "gpupack-node"}, "status"); err != nil {
+		klog.ErrorS(err, "cannot set the toolkit condition", "node", a.opts.NodeName)
+	}
+	return r
+}
+
+// WatchPlans watches every GPUPlan and returns a lister over the typed
+// cache (the agent's, and for anything else that drives a device plugin
+// against an API server, e.g. the demo).
+func WatchPlans(ctx context.Context, dyn dynamic.Interface) deviceplugin.PlanLister {
+	gvr := v1alpha1.GroupVersion.WithResource("gpuplans")
+	inf := dynamicinformer.NewDynamicSharedInformerFactory(dyn, 0).ForResource(gvr).Informer()
+	_ = inf.SetTransform(func(obj any) (any, error) {
+		u, ok := obj.(*unstructured.Unstructured)
+		if !ok {
+			return obj, nil // a tombstone
+		}
+		plan := &v1alpha1.GPUPlan{}
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, plan); err != nil {
+			klog.ErrorS(err, "unreadable GPUPlan ignored", "plan", u.GetNamespace()+"/"+u.GetName())
+			return &v1alpha1.GPUPlan{ObjectMeta: metav1.ObjectMeta{Name: u.GetName(), Namespace: u.GetNamespace()}}, nil
+		}
+		return plan, nil
+	})
+	go inf.Run(ctx.Done())
+	cache.WaitForCacheSync(ctx.Done(), inf.HasSynced)
+	return deviceplugin.PlanListerFunc(func(ns string) ([]*v1alpha1.GPUPlan, error) {
+		var out []*v1alpha1.GPUPlan
+		for _, o := range inf.GetStore().List() {
+			if p, ok := o.(*v1alpha1.GPUPlan); ok && (ns == "" || p.Namespace == ns) {
+				out = append(out, p)
+			}
+		}
+		return out, nil
+	})
+}
+
+// gcAccounting removes accounting and limits dirs of pods no longer on this
+// node, an hour after their last write (a pod's processes may still be
+// exiting).
 func (a *Agent) gcAccounting() {
-	if a.opts.CacheDir == "" || a.pods == nil {
+	if a.pods == nil {
 		return
 	}
 	pods, err := a.pods.List()
@@ -336,17 +446,22 @@ func (a *Agent) gcAccounting() {
 	for _, p := range pods {
 		live[string(p.UID)] = true
 	}
-	ents, err := os.ReadDir(a.opts.CacheDir)
-	if err != nil {
-		return
-	}
-	for _, e := range ents {
-		if !e.IsDir() || live[e.Name()] {
+	for _, root := range []string{a.opts.CacheDir, a.opts.LimitsDir} {
+		if root == "" {
 			continue
 		}
-		if fi, err := e.Info(); err == nil && time.Since(fi.ModTime()) > time.Hour {
-			if err := os.RemoveAll(filepath.Join(a.opts.CacheDir, e.Name())); err != nil {
-				klog.ErrorS(err, "accounting dir GC")
+		ents, err := os.ReadDir(root)
+		if err != nil {
+			continue
+		}
+		for _, e := range ents {
+			if !e.IsDir() || live[e.Name()] {
+				continue
+			}
+			if fi, err := e.Info(); err == nil && time.Since(fi.ModTime()) > time.Hour {
+				if err := os.RemoveAll(filepath.Join(root, e.Name())); err != nil {
+					klog.ErrorS(err, "accounting dir GC")
+				}
 			}
 		}
 	}

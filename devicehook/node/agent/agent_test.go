@@ -12,9 +12,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/record"
 
 	"github.com/gpupack/gpupack/devicehook/node/bypass"
 	"github.com/gpupack/gpupack/devicehook/node/metrics"
+	"github.com/gpupack/gpupack/devicehook/node/toolkit"
 	"github.com/gpupack/gpupack/flavors"
 )
 
@@ -26,12 +28,19 @@ func TestParseFlags(t *testing.T) {
 		check   func(o Options) bool
 	}{
 		{"defaults", []string{"--node-name=n1"}, "", func(o Options) bool {
-			return o.NodeName == "n1" && o.SlotsPerGPU == 10 && o.Buffer == flavors.DefaultBuffer() && o.BypassPolicy == bypass.PolicyWarn
+			return o.NodeName == "n1" && o.SlotsPerGPU == 10 && o.Buffer == flavors.DefaultBuffer() && o.BypassPolicy == bypass.PolicyEnforce &&
+				o.PluginMounts && o.LimitsDir == "/var/lib/gpupack/limits" && o.SlackMiB == 512 && !o.VisibleDevicesEnv &&
+				o.ContextReserve.For("NVIDIA H200") == "512m"
 		}},
-		{"evict and buffer", []string{"--node-name=n1", "--bypass-policy=evict", "--buffer-percent=5", "--driver-overhead-mib=1000"}, "", func(o Options) bool {
-			return o.BypassPolicy == bypass.PolicyEvict && o.Buffer == flavors.Buffer{DriverOverheadMiB: 1000, BufferPercent: 5}
+		{"warn and buffer", []string{"--node-name=n1", "--bypass-policy=warn", "--buffer-percent=5", "--driver-overhead-mib=1000"}, "", func(o Options) bool {
+			return o.BypassPolicy == bypass.PolicyWarn && o.Buffer == flavors.Buffer{DriverOverheadMiB: 1000, BufferPercent: 5}
 		}},
-		{"bad policy", []string{"--node-name=n1", "--bypass-policy=kill"}, `--bypass-policy="kill": want warn or evict`, nil},
+		{"context reserve table", []string{"--node-name=n1", "--context-reserve=B200=1g,*=256m"}, "", func(o Options) bool {
+			return o.ContextReserve.For("NVIDIA B200") == "1g" && o.ContextReserve.For("NVIDIA H100") == "256m"
+		}},
+		{"bad context reserve", []string{"--node-name=n1", "--context-reserve=H100"}, "--context-reserve", nil},
+		{"evict is gone", []string{"--node-name=n1", "--bypass-policy=evict"}, "use enforce", nil},
+		{"bad policy", []string{"--node-name=n1", "--bypass-policy=maybe"}, `want warn, kill or enforce`, nil},
 		{"no slots", []string{"--node-name=n1", "--slots-per-gpu=0"}, "want at least 1", nil},
 		{"no node", []string{"--node-name="}, "--node-name is empty", nil},
 	}
@@ -55,7 +64,7 @@ func TestRunWithoutNVML(t *testing.T) {
 	cs := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
 	lib := &mock.Interface{InitFunc: func() nvml.Return { return nvml.ERROR_LIBRARY_NOT_FOUND }}
 	o := DefaultOptions()
-	o.NodeName, o.MetricsAddr, o.NVMLRetry = "n1", "", 10*time.Millisecond
+	o.NodeName, o.MetricsAddr, o.NVMLRetry, o.ToolkitConfig = "n1", "", 10*time.Millisecond, ""
 	a := New(o, lib, cs)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -86,5 +95,51 @@ func TestRunWithoutNVML(t *testing.T) {
 	}
 	if v, err := metrics.Value(a.Registry(), "gpupack_node_nvml_available", map[string]string{}); err != nil || v != 0 {
 		t.Errorf("nvml_available = %v, %v; want 0", v, err)
+	}
+}
+
+// TestToolkitCheck: unsafe toolkit settings become a False node condition,
+// a Warning Event and the metric; safe ones a True condition.
+func TestToolkitCheck(t *testing.T) {
+	old := toolkit.CDISpecDirs
+	toolkit.CDISpecDirs = []string{t.TempDir()}
+	t.Cleanup(func() { toolkit.CDISpecDirs = old })
+	for _, tc := range []struct {
+		file   string
+		status corev1.ConditionStatus
+		unsafe map[string]float64
+	}{
+		{"default.toml", corev1.ConditionFalse, map[string]float64{toolkit.SettingEnvvar: 1, toolkit.SettingCDI: 1, toolkit.SettingConfig: 0}},
+		{"safe.toml", corev1.ConditionTrue, map[string]float64{toolkit.SettingEnvvar: 0, toolkit.SettingCDI: 0, toolkit.SettingConfig: 0}},
+	} {
+		cs := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
+		o := DefaultOptions()
+		o.NodeName, o.ToolkitConfig = "n1", "../toolkit/testdata/"+tc.file
+		a := New(o, nil, cs)
+		rec := record.NewFakeRecorder(10)
+		a.recorder = rec
+		a.checkToolkit(context.Background())
+		n, err := cs.CoreV1().Nodes().Get(context.Background(), "n1", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got *corev1.NodeCondition
+		for i := range n.Status.Conditions {
+			if n.Status.Conditions[i].Type == ConditionToolkitSafe {
+				got = &n.Status.Conditions[i]
+			}
+		}
+		if got == nil || got.Status != tc.status {
+			t.Errorf("%s: condition %+v, want status %s", tc.file, got, tc.status)
+		}
+		for setting, want := range tc.unsafe {
+			if v, _ := metrics.Value(a.Registry(), "gpupack_node_toolkit_unsafe", map[string]string{"setting": setting}); v != want {
+				t.Errorf("%s: toolkit_unsafe{%s} = %v, want %v", tc.file, setting, v, want)
+			}
+		}
+		events := len(rec.Events)
+		if (tc.status == corev1.ConditionFalse) != (events == 1) {
+			t.Errorf("%s: %d events", tc.file, events)
+		}
 	}
 }

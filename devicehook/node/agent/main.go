@@ -9,11 +9,13 @@ import (
 	"syscall"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
 	"github.com/gpupack/gpupack/devicehook/node/bypass"
+	"github.com/gpupack/gpupack/devicehook/node/deviceplugin"
 	"github.com/gpupack/gpupack/devicehook/node/inventory"
 	"github.com/gpupack/gpupack/flavors"
 )
@@ -36,24 +38,31 @@ func ParseFlags(args []string) (Options, string, error) {
 	fs.StringVar(&o.PluginDir, "device-plugin-dir", o.PluginDir, "kubelet device-plugin socket folder")
 	fs.StringVar(&o.HookSource, "hook-source", o.HookSource, "libgpupack-hook.so inside this image to install; empty skips installing")
 	fs.StringVar(&o.HookDir, "hook-dir", o.HookDir, "host folder the hook is installed into and mounted from")
-	fs.BoolVar(&o.PluginMounts, "plugin-mounts", o.PluginMounts, "device plugin mounts the hook, /etc/ld.so.preload and the accounting dir (only without gpupack's webhook, which mounts them)")
+	fs.BoolVar(&o.PluginMounts, "plugin-mounts", o.PluginMounts, "device plugin mounts the hook, /etc/ld.so.preload, the container's accounting dir and its limits file (false only with an old webhook that mounts hostPath volumes itself)")
 	fs.StringVar(&o.CacheDir, "accounting-dir", o.CacheDir, "host root of per-pod accounting folders")
+	fs.StringVar(&o.LimitsDir, "limits-dir", o.LimitsDir, "host root of the trusted per-container limits files (root-owned, never mounted writable)")
+	reserve := o.ContextReserve.String()
+	fs.StringVar(&reserve, "context-reserve", reserve, "GPUPACK_CONTEXT_RESERVE per GPU model: <model substring>=<size k/m/g>,…; * is the default")
+	fs.BoolVar(&o.VisibleDevicesEnv, "visible-devices-env", o.VisibleDevicesEnv, "also set NVIDIA_VISIBLE_DEVICES in Allocate (only for a runtime without CDI; not a boundary)")
+	fs.StringVar(&o.ToolkitConfig, "toolkit-config", o.ToolkitConfig, "NVIDIA container toolkit config checked at start; empty skips the check")
 	fs.StringVar(&o.Version, "version-stamp", o.Version, "version written next to the installed hook")
 	fs.StringVar(&o.ProcRoot, "proc-root", o.ProcRoot, "the host's /proc (run with hostPID, or mount it)")
-	fs.StringVar(&policy, "bypass-policy", string(o.BypassPolicy), "what a GPU memory bypass costs the pod: warn (Event + metric) or evict")
+	fs.StringVar(&policy, "bypass-policy", string(o.BypassPolicy), "what GPU memory over a container's plan costs the pod: warn (Event + metric), kill (and SIGKILL its processes) or enforce (and delete the pod with grace 0)")
 	fs.DurationVar(&o.BypassInterval, "bypass-interval", o.BypassInterval, "how often GPU processes are checked")
-	fs.Int64Var(&o.AllowanceMiB, "bypass-allowance-mib", o.AllowanceMiB, "per-process CUDA context memory tolerated above a pod's plan")
+	fs.Int64Var(&o.SlackMiB, "bypass-slack-mib", o.SlackMiB, "GPU memory tolerated above a container's plan, per container (CUDA contexts), never per process")
+	fs.Int64Var(&o.SlackMiB, "bypass-allowance-mib", o.SlackMiB, "deprecated name of --bypass-slack-mib (now per container, not per process)")
 	fs.DurationVar(&o.PublishInterval, "publish-interval", o.PublishInterval, "how often the inventory is re-checked (it is written only on change)")
 	fs.StringVar(&o.MetricsAddr, "metrics-bind-address", o.MetricsAddr, "Prometheus metrics address; empty disables")
-	if err := fs.Parse(args); err != nil {
+	err := fs.Parse(args)
+	if err != nil {
 		return o, "", err
 	}
 	o.Buffer = flavors.NewBuffer(&overhead, ptr(int32(percent)))
-	switch bypass.Policy(policy) {
-	case bypass.PolicyWarn, bypass.PolicyEvict:
-		o.BypassPolicy = bypass.Policy(policy)
-	default:
-		return o, "", fmt.Errorf("--bypass-policy=%q: want warn or evict", policy)
+	if o.ContextReserve, err = deviceplugin.ParseContextReserve(reserve); err != nil {
+		return o, "", fmt.Errorf("--context-reserve: %w", err)
+	}
+	if o.BypassPolicy, err = bypass.ParsePolicy(policy); err != nil {
+		return o, "", fmt.Errorf("--bypass-policy: %w", err)
 	}
 	if o.SlotsPerGPU < 1 {
 		return o, "", fmt.Errorf("--slots-per-gpu=%d: want at least 1", o.SlotsPerGPU)
@@ -80,6 +89,10 @@ func Main(args []string) int {
 	}
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
+		fmt.Fprintf(os.Stderr, "gpupack-node: client: %v\n", err)
+		return 1
+	}
+	if o.Dynamic, err = dynamic.NewForConfig(cfg); err != nil {
 		fmt.Fprintf(os.Stderr, "gpupack-node: client: %v\n", err)
 		return 1
 	}

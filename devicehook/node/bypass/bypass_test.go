@@ -1,10 +1,15 @@
 package bypass
 
 import (
+	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"golang.org/x/sys/unix"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/gpupack/gpupack/devicehook/node/metrics"
@@ -119,7 +124,9 @@ func TestDecide(t *testing.T) {
 		want  []Finding
 	}{
 		{"within limit", []Proc{{PID: 1, GPU: "G1", UsedMiB: 10000, Pod: "ua"}}, nil, nil},
-		{"within limit plus context allowance", []Proc{{PID: 1, GPU: "G1", UsedMiB: 10200, Pod: "ua"}, {PID: 2, GPU: "G1", UsedMiB: 300, Pod: "ua"}}, nil, nil},
+		{"within limit plus the container's slack", []Proc{{PID: 1, GPU: "G1", UsedMiB: 10100, Pod: "ua"}, {PID: 2, GPU: "G1", UsedMiB: 150, Pod: "ua"}}, nil, nil},
+		{"the slack is per container, not per process", []Proc{{PID: 1, GPU: "G1", UsedMiB: 10200, Pod: "ua"}, {PID: 2, GPU: "G1", UsedMiB: 300, Pod: "ua"}}, nil,
+			[]Finding{{Kind: metrics.KindOverLimit, Pod: "ua", Key: a, GPU: "G1", UsedMiB: 10500, LimitMiB: 10000, PIDs: []uint32{1, 2}}}},
 		{"over limit summed over processes", []Proc{{PID: 2, GPU: "G1", UsedMiB: 6000, Pod: "ua"}, {PID: 1, GPU: "G1", UsedMiB: 5000, Pod: "ua"}}, nil,
 			[]Finding{{Kind: metrics.KindOverLimit, Pod: "ua", Key: a, GPU: "G1", UsedMiB: 11000, LimitMiB: 10000, PIDs: []uint32{1, 2}}}},
 		{"planned pod on a GPU not its own", []Proc{{PID: 1, GPU: "G2", UsedMiB: 10, Pod: "ua"}}, nil,
@@ -132,8 +139,19 @@ func TestDecide(t *testing.T) {
 		{"pod not on this node", []Proc{{PID: 9, GPU: "G1", UsedMiB: 500, Pod: "zz"}}, nil,
 			[]Finding{{Kind: metrics.KindUnknown, Pod: "zz", GPU: "G1", UsedMiB: 500, PIDs: []uint32{9}}}},
 	}
+	// 64 processes of 512 MiB each on top of a 10000 MiB plan: 32 GiB hidden
+	// under a per-process allowance, a finding under a per-container slack.
+	var many []Proc
+	for i := range 64 {
+		many = append(many, Proc{PID: uint32(100 + i), GPU: "G1", UsedMiB: 512, Pod: "ua"})
+	}
+	many[0].UsedMiB += 10000
+	_, got := Decide(Input{Procs: many, Pods: pods, SlackMiB: 512})
+	if len(got) != 1 || got[0].Kind != metrics.KindOverLimit || got[0].UsedMiB != 10000+64*512 {
+		t.Errorf("64 processes: findings %+v, want one over_limit", got)
+	}
 	for _, tc := range cases {
-		_, got := Decide(Input{Procs: tc.procs, Pods: pods, Held: tc.held, AllowanceMiB: 256})
+		_, got := Decide(Input{Procs: tc.procs, Pods: pods, Held: tc.held, SlackMiB: 256})
 		if d := cmp.Diff(tc.want, got); d != "" {
 			t.Errorf("%s (-want +got):\n%s", tc.name, d)
 		}
@@ -160,7 +178,7 @@ func BenchmarkDecide(b *testing.B) {
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		Decide(Input{Procs: procs, Pods: pods, AllowanceMiB: 512})
+		Decide(Input{Procs: procs, Pods: pods, SlackMiB: 512})
 	}
 }
 
@@ -176,6 +194,104 @@ func BenchmarkParseRegion(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, err := ParseRegion(buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// TestRegionFileBounded: the accounting file belongs to the tenant. Nothing
+// it puts there may block, exhaust or crash the agent.
+func TestRegionFileBounded(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good")
+	if err := os.WriteFile(good, EncodeRegion([][]uint64{{5 << 20}}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if u, err := (RegionFile{}).Used(good); err != nil || u[0] != 5<<20 {
+		t.Fatalf("good region: %v, %v", u, err)
+	}
+
+	fifo := filepath.Join(dir, "fifo")
+	if err := unix.Mkfifo(fifo, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	sparse := filepath.Join(dir, "sparse")
+	f, err := os.Create(sparse)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(4 << 40); err != nil { // 4 TiB, no blocks
+		t.Skipf("filesystem refuses a 4 TiB sparse file: %v", err)
+	}
+	f.Close()
+	link := filepath.Join(dir, "link")
+	if err := os.Symlink(good, link); err != nil {
+		t.Fatal(err)
+	}
+	oneOver := filepath.Join(dir, "one-over")
+	if err := os.WriteFile(oneOver, make([]byte, RegionSize+1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{fifo, sparse, link, oneOver, dir, "/dev/zero"} {
+		done := make(chan error, 1)
+		go func() { _, err := (RegionFile{}).Used(path); done <- err }()
+		select {
+		case err := <-done:
+			if !errors.Is(err, ErrHostileFile) {
+				t.Errorf("%s: err = %v, want ErrHostileFile", filepath.Base(path), err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: reader blocked", filepath.Base(path))
+		}
+	}
+	if _, err := (RegionFile{}).Used(filepath.Join(dir, "absent")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("absent: err = %v, want ErrNotExist", err)
+	}
+}
+
+// FuzzRegionFile: any file content reads without panic, bounded, and agrees
+// with ParseRegion.
+func FuzzRegionFile(f *testing.F) {
+	f.Add(EncodeRegion([][]uint64{{1, 2}, {3}}))
+	f.Add(make([]byte, 64))
+	f.Add(make([]byte, RegionSize+1))
+	huge := EncodeRegion([][]uint64{{^uint64(0)}, {^uint64(0)}})
+	f.Add(huge)
+	dir := f.TempDir()
+	f.Fuzz(func(t *testing.T, b []byte) {
+		path := filepath.Join(dir, "vgpu.cache")
+		if err := os.WriteFile(path, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		u, err := (RegionFile{}).Used(path)
+		if len(b) > RegionSize {
+			if !errors.Is(err, ErrHostileFile) {
+				t.Fatalf("%d bytes read: %v", len(b), err)
+			}
+			return
+		}
+		want, werr := ParseRegion(b)
+		if (err == nil) != (werr == nil) || cmp.Diff(want, u) != "" {
+			t.Fatalf("file %v %v, bytes %v %v", u, err, want, werr)
+		}
+	})
+}
+
+// BenchmarkRegionFile: the bounded read of one container's accounting file
+// from disk (open O_NOFOLLOW|O_NONBLOCK, fstat, pread, parse).
+func BenchmarkRegionFile(b *testing.B) {
+	slots := make([][]uint64, 8)
+	for i := range slots {
+		slots[i] = []uint64{1 << 30, 2 << 30}
+	}
+	path := filepath.Join(b.TempDir(), "vgpu.cache")
+	if err := os.WriteFile(path, EncodeRegion(slots), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(RegionSize)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := (RegionFile{}).Used(path); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -2,7 +2,9 @@
 // hook did not bound (static binaries, direct ioctl, a tenant that unset
 // LD_PRELOAD): NVML's per-process memory → host PID → pod (via
 // /proc/PID/cgroup) → compared with the pod's planned MiB on that GPU.
-// Findings become an Event, a metric and, under policy evict, an eviction.
+// Findings become an Event and a metric and, under the default policy
+// enforce, a SIGKILL of the offending processes and a pod delete with grace
+// period 0 (never the Eviction API, which a PDB or a webhook can hold).
 //
 // cgroup.go and decide.go are pure; region.go reads the hook's accounting
 // files; watcher.go is the adapter to NVML and the API server.

@@ -6,6 +6,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/gpupack/gpupack/devicehook/node/deviceplugin"
 	"github.com/gpupack/gpupack/devicehook/node/metrics"
 )
 
@@ -21,9 +22,15 @@ type Proc struct {
 type Pod struct {
 	Key types.NamespacedName
 	UID types.UID
-	// Limits is the pod's gpupack.io/devices: GPU UUID → planned MiB. Nil
-	// for a pod no plan covers.
+	// Limits is what the node trusts the pod to hold (its GPUPlan binding,
+	// or whole GPUs the node recorded for it): GPU UUID → MiB. Nil for a pod
+	// no plan covers.
 	Limits map[string]int64
+	// Containers counts the pod's containers given each GPU (the slack is
+	// per container).
+	Containers map[string]int
+	// Chunks are the pod's GPUs per container (accounting files).
+	Chunks []deviceplugin.Chunk
 }
 
 // Input of one decision.
@@ -34,9 +41,10 @@ type Input struct {
 	// a held GPU is trespassing; using a GPU nobody planned is its right
 	// (a whole GPU handed out by the device plugin's free-GPU policy).
 	Held map[string]bool
-	// AllowanceMiB per process covers the CUDA context NVML counts but the
-	// hook charges only approximately.
-	AllowanceMiB int64
+	// SlackMiB per container covers the CUDA contexts NVML counts but the
+	// hook charges only approximately. It is per container, never per
+	// process: a pod that forks 64 processes gets no more room than one.
+	SlackMiB int64
 }
 
 // Usage is a pod's memory on one GPU.
@@ -122,7 +130,7 @@ func Decide(in Input) ([]Usage, []Finding) {
 				break
 			}
 			f.LimitMiB = limit
-			if u.UsedMiB <= limit+in.AllowanceMiB*int64(len(u.PIDs)) {
+			if u.UsedMiB <= limit+in.SlackMiB*int64(max(1, pod.Containers[u.GPU])) {
 				continue
 			}
 			f.Kind = metrics.KindOverLimit

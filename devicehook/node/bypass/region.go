@@ -2,8 +2,11 @@ package bypass
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"os"
+
+	"golang.org/x/sys/unix"
 )
 
 // The hook's shared accounting region, as devicehook/src/region.c lays it
@@ -34,14 +37,67 @@ type HookUsage interface {
 // RegionFile reads the accounting files written by devicehook.
 type RegionFile struct{}
 
+// RegionSize is the size of the region file the hook creates (header plus
+// every slot); nothing bigger is ever read.
+const RegionSize = regionHeader + regionMaxSlots*regionSlotSize
+
+// ErrHostileFile marks an accounting file the hook cannot have written: not
+// a regular file (FIFO, device, socket, symlink), or larger than a region.
+// The container owns its accounting folder, so this is a finding about the
+// tenant, not an agent failure.
+var ErrHostileFile = errors.New("accounting file is not a region the hook writes")
+
 // Used returns bytes charged per device ordinal (index = CUDA ordinal inside
-// the container).
+// the container). The file is tenant-writable, so it is read bounded: opened
+// without following a symlink and without blocking (a FIFO would otherwise
+// wedge the watcher for ever), checked to be a regular file of at most
+// RegionSize bytes with fstat on the open descriptor (no race with a
+// rename), and read with one pread into a fixed buffer (a sparse 4 TiB file
+// costs nothing).
 func (RegionFile) Used(path string) ([]uint64, error) {
-	b, err := os.ReadFile(path)
+	b, err := ReadRegionFile(path)
 	if err != nil {
 		return nil, err
 	}
 	return ParseRegion(b)
+}
+
+// ReadRegionFile reads an accounting file bounded (see Used).
+func ReadRegionFile(path string) ([]byte, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
+	if err != nil {
+		if errors.Is(err, unix.ELOOP) {
+			return nil, fmt.Errorf("%s: a symlink: %w", path, ErrHostileFile)
+		}
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, &os.PathError{Op: "fstat", Path: path, Err: err}
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return nil, fmt.Errorf("%s: mode %#o, not a regular file: %w", path, st.Mode&unix.S_IFMT, ErrHostileFile)
+	}
+	if st.Size > RegionSize {
+		return nil, fmt.Errorf("%s: %d bytes, a region is %d: %w", path, st.Size, RegionSize, ErrHostileFile)
+	}
+	b := make([]byte, st.Size)
+	n := 0
+	for n < len(b) {
+		m, err := unix.Pread(fd, b[n:], int64(n))
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return nil, &os.PathError{Op: "read", Path: path, Err: err}
+		}
+		if m == 0 {
+			break // truncated meanwhile
+		}
+		n += m
+	}
+	return b[:n], nil
 }
 
 // ParseRegion decodes a region file.
@@ -71,7 +127,12 @@ func ParseRegion(b []byte) ([]uint64, error) {
 		}
 		for d := 0; d < regionMaxDev; d++ {
 			o := off + slotUsedOffset + 8*d
-			used[d] += le.Uint64(b[o : o+8])
+			v := le.Uint64(b[o : o+8])
+			if used[d]+v < used[d] {
+				used[d] = ^uint64(0) // a hostile region saturates, never wraps
+				continue
+			}
+			used[d] += v
 		}
 	}
 	return used, nil

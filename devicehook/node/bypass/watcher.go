@@ -11,8 +11,9 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
-	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -28,16 +29,70 @@ import (
 type Policy string
 
 const (
-	PolicyWarn  Policy = "warn"  // Event + metric
-	PolicyEvict Policy = "evict" // and an eviction (PDBs respected)
+	PolicyWarn Policy = "warn" // Event + metric
+	// PolicyKill also SIGKILLs the offending processes, every pass while
+	// the finding stands (the container restarts per its restartPolicy).
+	PolicyKill Policy = "kill"
+	// PolicyEnforce kills the processes and deletes the pod with grace
+	// period 0 (the default). Not the Eviction API: a PodDisruptionBudget,
+	// a long grace period or an eviction webhook a tenant can steer would
+	// hold it.
+	PolicyEnforce Policy = "enforce"
 )
+
+// ParsePolicy reads a --bypass-policy value.
+func ParsePolicy(s string) (Policy, error) {
+	switch p := Policy(s); p {
+	case PolicyWarn, PolicyKill, PolicyEnforce:
+		return p, nil
+	case "evict":
+		return "", fmt.Errorf("bypass policy %q is gone: the Eviction API can be held by a PodDisruptionBudget or the eviction webhook; use enforce (kill + delete with grace 0)", s)
+	}
+	return "", fmt.Errorf("bypass policy %q: want warn, kill or enforce", s)
+}
+
+// Killer ends a host process. verify is called once the process is pinned
+// (pidfd) and must confirm it is still the pod's: a PID NVML sampled may
+// have exited and been reused since.
+type Killer interface {
+	Kill(pid uint32, verify func() bool) error
+}
+
+// SignalKiller SIGKILLs through a pidfd (race-free against PID reuse),
+// falling back to kill(2) on kernels without pidfd_open. gpupack-node
+// runs with hostPID, so NVML's host PIDs are its own.
+type SignalKiller struct{}
+
+// Kill implements Killer.
+func (SignalKiller) Kill(pid uint32, verify func() bool) error {
+	fd, err := unix.PidfdOpen(int(pid), 0)
+	if err == unix.ENOSYS {
+		if !verify() {
+			return errNotOurs
+		}
+		return unix.Kill(int(pid), unix.SIGKILL)
+	}
+	if err != nil {
+		return fmt.Errorf("pidfd_open %d: %w", pid, err)
+	}
+	defer unix.Close(fd)
+	if !verify() {
+		return errNotOurs
+	}
+	return unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+}
+
+var errNotOurs = errors.New("process is no longer the pod's")
 
 // Event reasons (stable, CamelCase).
 const (
 	ReasonOverLimit  = "GPUMemoryOverLimit"
 	ReasonUnassigned = "GPUNotAssigned"
 	ReasonUnknown    = "UnknownGPUProcess"
-	ReasonEvicted    = "GPUBypassEviction"
+	ReasonEnforced   = "GPUBypassEnforced"
+	// ReasonHostileAccounting: the container's accounting file is not one
+	// the hook writes (FIFO, symlink, oversized).
+	ReasonHostileAccounting = "HookAccountingHostile"
 )
 
 // Config of a Watcher.
@@ -46,11 +101,14 @@ type Config struct {
 	NVML     nvml.Interface
 	Resolver Resolver
 	Pods     deviceplugin.PodLister
-	Client   kubernetes.Interface // for evictions
+	Plans    deviceplugin.PlanLister // the truth about who holds what
+	Client   kubernetes.Interface    // deletes pods under PolicyEnforce
+	Killer   Killer                  // nil: SignalKiller
 	Recorder record.EventRecorder
 	Policy   Policy
-	// AllowanceMiB per process: CUDA context memory NVML counts.
-	AllowanceMiB int64
+	// SlackMiB per container (not per process: 64 processes must not hide
+	// 32 GiB) covers the CUDA contexts NVML counts beyond the plan.
+	SlackMiB int64
 	// CacheDir is the host root of per-pod accounting dirs (drift); "" skips drift.
 	CacheDir string
 	Hook     HookUsage
@@ -67,7 +125,10 @@ type Watcher struct {
 	cfg      Config
 	mu       sync.Mutex
 	reported map[string]time.Time
-	evicted  map[types.UID]bool
+	deleted  map[types.UID]bool
+	// confirmed remembers what a plan gave each pod, for when the manager
+	// deletes the plan while the pod still runs.
+	confirmed map[types.UID][]v1alpha1.GPUAssignment
 }
 
 // New creates a watcher.
@@ -88,9 +149,12 @@ func New(cfg Config) *Watcher {
 		cfg.Now = time.Now
 	}
 	if cfg.Policy == "" {
-		cfg.Policy = PolicyWarn
+		cfg.Policy = PolicyEnforce
 	}
-	return &Watcher{cfg: cfg, reported: map[string]time.Time{}, evicted: map[types.UID]bool{}}
+	if cfg.Killer == nil {
+		cfg.Killer = SignalKiller{}
+	}
+	return &Watcher{cfg: cfg, reported: map[string]time.Time{}, deleted: map[types.UID]bool{}, confirmed: map[types.UID][]v1alpha1.GPUAssignment{}}
 }
 
 // Run polls until ctx ends.
@@ -122,8 +186,15 @@ func (w *Watcher) Once(ctx context.Context) ([]Finding, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list pods: %w", err)
 	}
+	var plans []*v1alpha1.GPUPlan
+	if w.cfg.Plans != nil {
+		if plans, err = w.cfg.Plans.Plans(""); err != nil {
+			return nil, fmt.Errorf("list GPUPlans: %w", err)
+		}
+	}
+	st := deviceplugin.State{Node: w.cfg.NodeName, Pods: podList, Plans: plans}
 	byUID := map[types.UID]*corev1.Pod{}
-	in := Input{Procs: procs, Pods: map[types.UID]Pod{}, Held: deviceplugin.Held(podList, w.cfg.NodeName), AllowanceMiB: w.cfg.AllowanceMiB}
+	in := Input{Procs: procs, Pods: map[types.UID]Pod{}, Held: deviceplugin.Held(st), SlackMiB: w.cfg.SlackMiB}
 	limitPerGPU := map[string]int64{}
 	for _, p := range podList {
 		if p.Spec.NodeName != w.cfg.NodeName {
@@ -131,22 +202,29 @@ func (w *Watcher) Once(ctx context.Context) ([]Finding, error) {
 		}
 		byUID[p.UID] = p
 		pod := Pod{Key: types.NamespacedName{Namespace: p.Namespace, Name: p.Name}, UID: p.UID}
-		if s, ok := p.Annotations[v1alpha1.AnnotationDevices]; ok {
-			devs, err := v1alpha1.ParseDevices(s)
-			if err != nil {
-				klog.ErrorS(err, "ignoring unparsable devices annotation", "pod", pod.Key)
-			} else {
-				pod.Limits = map[string]int64{}
-				for _, d := range devs {
-					pod.Limits[d.UUID] = d.MemoryMiB
-					if p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
-						limitPerGPU[d.UUID] += d.MemoryMiB
-					}
+		if gpus := w.podGPUs(p, plans); gpus != nil {
+			pod.Limits, pod.Containers, pod.Chunks = map[string]int64{}, map[string]int{}, chunksOf(p, gpus)
+			for _, g := range gpus {
+				pod.Limits[g.UUID] += g.MemoryMiB
+				if p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
+					limitPerGPU[g.UUID] += g.MemoryMiB
+				}
+			}
+			for _, c := range pod.Chunks {
+				for _, d := range c.Devices {
+					pod.Containers[d.UUID]++
 				}
 			}
 		}
 		in.Pods[p.UID] = pod
 	}
+	w.mu.Lock()
+	for uid := range w.confirmed {
+		if _, ok := byUID[uid]; !ok {
+			delete(w.confirmed, uid)
+		}
+	}
+	w.mu.Unlock()
 	usage, findings := Decide(in)
 	w.observe(procs, index, usage, limitPerGPU, in.Pods, byUID)
 
@@ -157,6 +235,110 @@ func (w *Watcher) Once(ctx context.Context) ([]Finding, error) {
 		}
 	}
 	return acted, nil
+}
+
+// podGPUs is what the node trusts a pod to hold: its GPUPlan binding, or
+// the whole GPUs this node recorded for it (unplanned); nil otherwise (a
+// pod whose annotation no plan confirms holds nothing here).
+//
+// The manager deletes a workload's plan when it finishes or is evicted,
+// while its pods may still run (checkpointing, terminating). Such a pod
+// keeps what was confirmed: what this watcher saw the plan give it, or,
+// after an agent restart, its gpupack.io/devices when its GPU containers
+// have started — they could only start through Allocate, which checked the
+// annotation against the plan, and only the manager may change it since.
+func (w *Watcher) podGPUs(p *corev1.Pod, plans []*v1alpha1.GPUPlan) []v1alpha1.GPUAssignment {
+	gpus, planned, err := deviceplugin.Planned(p, plans, w.cfg.NodeName)
+	switch {
+	case err == nil && planned:
+		w.mu.Lock()
+		w.confirmed[p.UID] = gpus
+		w.mu.Unlock()
+		return gpus
+	case err == nil && p.Annotations[deviceplugin.AnnotationAllocatedBy] == deviceplugin.AllocatedByValue(w.cfg.NodeName):
+		devs, err := v1alpha1.ParseDevices(p.Annotations[v1alpha1.AnnotationDevices])
+		if err != nil {
+			return nil
+		}
+		out := make([]v1alpha1.GPUAssignment, len(devs))
+		for i, d := range devs {
+			out[i] = v1alpha1.GPUAssignment{UUID: d.UUID, MemoryMiB: d.MemoryMiB, Cores: 100, Exclusive: true}
+		}
+		return out
+	case err == nil:
+		return nil
+	}
+	if _, bound := deviceplugin.BindingOf(p, plans); !bound {
+		w.mu.Lock()
+		c, ok := w.confirmed[p.UID]
+		w.mu.Unlock()
+		if ok {
+			return c
+		}
+		if startedGPUContainers(p) {
+			if devs, err := v1alpha1.ParseDevices(p.Annotations[v1alpha1.AnnotationDevices]); err == nil {
+				out := make([]v1alpha1.GPUAssignment, len(devs))
+				for i, d := range devs {
+					out[i] = v1alpha1.GPUAssignment{UUID: d.UUID, MemoryMiB: d.MemoryMiB}
+				}
+				return out
+			}
+		}
+	}
+	klog.V(2).InfoS("pod's devices not confirmed by a plan; it holds no GPU here", "pod", klog.KObj(p), "err", err)
+	return nil
+}
+
+// startedGPUContainers reports whether every container of p that requests
+// a gpupack GPU resource has started (and there is at least one): each went
+// through the device plugin's Allocate.
+func startedGPUContainers(p *corev1.Pod) bool {
+	n := 0
+	for _, list := range [][]corev1.Container{p.Spec.InitContainers, p.Spec.Containers} {
+		for i := range list {
+			c := &list[i]
+			gpu := false
+			for _, r := range []corev1.ResourceName{v1alpha1.ResourceVGPU, v1alpha1.ResourceNvidiaGPU} {
+				_, lim := c.Resources.Limits[r]
+				_, req := c.Resources.Requests[r]
+				gpu = gpu || lim || req
+			}
+			if !gpu {
+				continue
+			}
+			n++
+			if !containerStarted(p, c.Name) {
+				return false
+			}
+		}
+	}
+	return n > 0
+}
+
+func containerStarted(p *corev1.Pod, name string) bool {
+	for _, ss := range [][]corev1.ContainerStatus{p.Status.InitContainerStatuses, p.Status.ContainerStatuses} {
+		for _, s := range ss {
+			if s.Name == name && s.ContainerID != "" {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// chunksOf splits a pod's GPUs among its containers (whichever resource
+// they request); a pod whose counts do not add up is one chunk per GPU.
+func chunksOf(p *corev1.Pod, gpus []v1alpha1.GPUAssignment) []deviceplugin.Chunk {
+	for _, res := range []corev1.ResourceName{v1alpha1.ResourceVGPU, v1alpha1.ResourceNvidiaGPU} {
+		if c, err := deviceplugin.ContainerChunks(p, res, gpus); err == nil && len(c) > 0 {
+			return c
+		}
+	}
+	out := make([]deviceplugin.Chunk, len(gpus))
+	for i := range gpus {
+		out[i] = deviceplugin.Chunk{PodUID: p.UID, Devices: gpus[i : i+1]}
+	}
+	return out
 }
 
 // processes lists compute processes on every GPU with their pods.
@@ -181,10 +363,15 @@ func (w *Watcher) processes() ([]Proc, map[string]int, error) {
 		if ret != nvml.SUCCESS {
 			continue
 		}
+		var known int64
+		var unmeasured []int // indexes into out
 		for _, p := range ps {
 			used := int64(0)
 			if p.UsedGpuMemory != notAvailable {
 				used = int64(p.UsedGpuMemory >> 20)
+				known += used
+			} else {
+				unmeasured = append(unmeasured, len(out))
 			}
 			uid, ok, err := w.cfg.Resolver.PodOf(p.Pid)
 			if err != nil || !ok {
@@ -192,8 +379,38 @@ func (w *Watcher) processes() ([]Proc, map[string]int, error) {
 			}
 			out = append(out, Proc{PID: p.Pid, GPU: uuid, UsedMiB: used, Pod: uid})
 		}
+		w.attributeUnmeasured(d, uuid, out, unmeasured, known)
 	}
 	return out, index, nil
+}
+
+// attributeUnmeasured handles processes whose memory NVML reports as not
+// available (MIG, WDDM, missing permission), which would otherwise count as
+// 0 MiB and hide a bypass: the device's used memory minus what the other
+// processes account for is charged to them when they all belong to one pod
+// (to its first such process). Processes of several pods cannot be told
+// apart; that is logged and left at 0.
+func (w *Watcher) attributeUnmeasured(d nvml.Device, uuid string, procs []Proc, unmeasured []int, known int64) {
+	if len(unmeasured) == 0 {
+		return
+	}
+	mem, ret := d.GetMemoryInfo_v2()
+	if ret != nvml.SUCCESS {
+		klog.V(2).InfoS("per-process GPU memory not available and device memory unreadable", "gpu", uuid, "ret", ret)
+		return
+	}
+	residual := int64(mem.Used>>20) - known
+	if residual <= 0 {
+		return
+	}
+	pod := procs[unmeasured[0]].Pod
+	for _, i := range unmeasured {
+		if procs[i].Pod != pod {
+			klog.InfoS("per-process GPU memory not available for processes of several pods; not attributed", "gpu", uuid, "unattributedMiB", residual)
+			return
+		}
+	}
+	procs[unmeasured[0]].UsedMiB = residual
 }
 
 // observe sets the gauges of this pass, including hook-vs-NVML drift.
@@ -231,28 +448,26 @@ func (w *Watcher) hookUsage(pods map[types.UID]Pod, byUID map[types.UID]*corev1.
 		return out
 	}
 	for uid, pod := range pods {
-		if pod.Limits == nil {
-			continue
-		}
-		p := byUID[uid]
-		var chunks []deviceplugin.Chunk
-		for _, res := range []corev1.ResourceName{v1alpha1.ResourceVGPU, v1alpha1.ResourceNvidiaGPU} {
-			if c, err := deviceplugin.ContainerChunks(p, res); err == nil && len(c) > 0 {
-				chunks = c
-				break
-			}
-		}
+		chunks := pod.Chunks
 		for _, c := range chunks {
 			path := deviceplugin.HostCacheFile(w.cfg.CacheDir, uid, c.Container)
 			used, err := w.cfg.Hook.Used(path)
 			if err != nil {
-				if !errors.Is(err, os.ErrNotExist) { // container not started yet, or no hook
+				switch {
+				case errors.Is(err, os.ErrNotExist): // container not started yet, or no hook
+				case errors.Is(err, ErrHostileFile):
+					w.cfg.Metrics.HookAccountingErrors.Inc()
+					w.hostile(byUID[uid], pod.Key, err)
+				default:
 					w.cfg.Metrics.HookAccountingErrors.Inc()
 					klog.V(2).InfoS("cannot read hook accounting", "pod", pod.Key, "file", path, "err", err)
 				}
 				continue
 			}
-			devs := append([]v1alpha1.DeviceAssignment(nil), c.Devices...)
+			if c.Container == "" {
+				continue
+			}
+			devs := append([]v1alpha1.GPUAssignment(nil), c.Devices...)
 			sort.SliceStable(devs, func(i, j int) bool { return index[devs[i].UUID] < index[devs[j].UUID] })
 			if out[uid] == nil {
 				out[uid] = map[string]int64{}
@@ -267,20 +482,24 @@ func (w *Watcher) hookUsage(pods map[types.UID]Pod, byUID map[types.UID]*corev1.
 	return out
 }
 
-// act reports a finding (deduplicated) and evicts under policy evict. It
-// returns whether the finding was reported in this pass.
+// act reports a finding (deduplicated) and enforces the policy: kill the
+// offending processes (every pass while the finding stands), and under
+// enforce delete the pod with grace period 0 (once; retried on failure).
+// Processes of no pod on this node are reported, never killed. It returns
+// whether the finding was reported or acted on in this pass.
 func (w *Watcher) act(ctx context.Context, f Finding, pod *corev1.Pod) bool {
 	key := string(f.Pod) + "|" + f.GPU + "|" + f.Kind + "|" + strconv.Itoa(len(f.PIDs))
 	now := w.cfg.Now()
+	enforce := w.cfg.Policy != PolicyWarn && pod != nil && f.Kind != metrics.KindUnknown
 	w.mu.Lock()
 	last, seen := w.reported[key]
 	fresh := !seen || now.Sub(last) >= w.cfg.ReportEvery
 	if fresh {
 		w.reported[key] = now
 	}
-	evict := w.cfg.Policy == PolicyEvict && pod != nil && f.Kind != metrics.KindUnknown && !w.evicted[f.Pod]
-	if evict {
-		w.evicted[f.Pod] = true
+	del := enforce && w.cfg.Policy == PolicyEnforce && !w.deleted[f.Pod]
+	if del {
+		w.deleted[f.Pod] = true
 	}
 	w.mu.Unlock()
 
@@ -296,23 +515,69 @@ func (w *Watcher) act(ctx context.Context, f Finding, pod *corev1.Pod) bool {
 		}
 		klog.InfoS("GPU bypass detected", "kind", f.Kind, "pod", f.Key, "gpu", f.GPU, "usedMiB", f.UsedMiB, "limitMiB", f.LimitMiB, "pids", f.PIDs)
 	}
-	if evict {
-		err := w.cfg.Client.PolicyV1().Evictions(pod.Namespace).Evict(ctx, &policyv1.Eviction{
-			ObjectMeta: metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace},
+	if !enforce {
+		return fresh
+	}
+	var killed []uint32
+	for _, pid := range f.PIDs {
+		err := w.cfg.Killer.Kill(pid, func() bool {
+			uid, ok, err := w.cfg.Resolver.PodOf(pid)
+			return err == nil && ok && uid == f.Pod
 		})
 		if err != nil {
+			klog.V(2).InfoS("bypass kill skipped", "pod", f.Key, "pid", pid, "err", err)
+			continue
+		}
+		killed = append(killed, pid)
+		w.cfg.Metrics.BypassActions.WithLabelValues("kill").Inc()
+	}
+	if del {
+		uid := pod.UID
+		err := w.cfg.Client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
+			GracePeriodSeconds: ptr(int64(0)),
+			Preconditions:      &metav1.Preconditions{UID: &uid},
+		})
+		if err != nil && !apierrors.IsNotFound(err) {
 			w.mu.Lock()
-			delete(w.evicted, f.Pod) // try again next pass (e.g. a PDB said no)
+			delete(w.deleted, f.Pod) // try again next pass
 			w.mu.Unlock()
-			klog.ErrorS(err, "bypass eviction failed", "pod", f.Key)
-		} else {
-			w.cfg.Metrics.BypassEvictions.Inc()
-			if w.cfg.Recorder != nil {
-				w.cfg.Recorder.Event(pod, corev1.EventTypeWarning, ReasonEvicted, "evicted by gpupack-node (bypass policy evict): "+f.Message())
-			}
+			klog.ErrorS(err, "bypass pod delete failed", "pod", f.Key)
+		} else if err == nil {
+			w.cfg.Metrics.BypassActions.WithLabelValues("delete").Inc()
 		}
 	}
-	return fresh || evict
+	if (len(killed) > 0 || del) && w.cfg.Recorder != nil {
+		what := fmt.Sprintf("killed processes %v", killed)
+		if del {
+			what += " and deleted the pod (grace period 0)"
+		}
+		w.cfg.Recorder.Event(pod, corev1.EventTypeWarning, ReasonEnforced, fmt.Sprintf("gpupack-node %s (bypass policy %s): %s", what, w.cfg.Policy, f.Message()))
+	}
+	return fresh || len(killed) > 0 || del
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// hostile reports an accounting file the hook cannot have written (a FIFO,
+// a symlink, a 4 TiB sparse file): a finding about the pod, once per
+// ReportEvery; the file itself is never read.
+func (w *Watcher) hostile(pod *corev1.Pod, key types.NamespacedName, err error) {
+	k := "hostile|" + key.String()
+	now := w.cfg.Now()
+	w.mu.Lock()
+	last, seen := w.reported[k]
+	fresh := !seen || now.Sub(last) >= w.cfg.ReportEvery
+	if fresh {
+		w.reported[k] = now
+	}
+	w.mu.Unlock()
+	if !fresh {
+		return
+	}
+	klog.InfoS("hostile accounting file", "pod", key, "err", err)
+	if w.cfg.Recorder != nil && pod != nil {
+		w.cfg.Recorder.Event(pod, corev1.EventTypeWarning, ReasonHostileAccounting, "gpupack-node ignores this container's accounting file: "+err.Error())
+	}
 }
 
 func (w *Watcher) nodeRef() *corev1.ObjectReference {

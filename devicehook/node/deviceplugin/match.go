@@ -50,19 +50,21 @@ type Chunk struct {
 	PodUID    types.UID
 	Container string
 	Ordinal   int // position among the pod's containers that request the resource
-	Devices   []v1alpha1.DeviceAssignment
+	Devices   []v1alpha1.GPUAssignment
 }
 
-// ContainerChunks splits a pod's gpupack.io/devices among its containers
-// that request resource, in spec order, each taking as many GPUs as it
-// requests. The counts must add up to the planned GPUs.
-func ContainerChunks(pod *corev1.Pod, resource corev1.ResourceName) ([]Chunk, error) {
-	devs, err := v1alpha1.ParseDevices(pod.Annotations[v1alpha1.AnnotationDevices])
-	if err != nil {
-		return nil, err
-	}
-	var chunks []Chunk
-	next := 0
+// State is what a decision reads: the pods bound to this node, every
+// GPUPlan, and how many chunks this process already handed out per pod.
+type State struct {
+	Node      string
+	Pods      []*corev1.Pod
+	Plans     []*v1alpha1.GPUPlan
+	Allocated map[types.UID]int
+}
+
+// gpuContainers lists the containers of pod that request resource, init
+// containers (sidecars included) first, each with its count.
+func gpuContainers(pod *corev1.Pod, resource corev1.ResourceName) (names []string, counts []int) {
 	for _, c := range append(append([]corev1.Container(nil), pod.Spec.InitContainers...), pod.Spec.Containers...) {
 		q, ok := c.Resources.Limits[resource]
 		if !ok {
@@ -72,17 +74,31 @@ func ContainerChunks(pod *corev1.Pod, resource corev1.ResourceName) ([]Chunk, er
 		if !ok || n <= 0 {
 			continue
 		}
-		if next+n > len(devs) {
-			return nil, fmt.Errorf("pod %s/%s: containers request %s: %d+ but %s plans %d GPUs", pod.Namespace, pod.Name, resource, next+n, v1alpha1.AnnotationDevices, len(devs))
+		names, counts = append(names, c.Name), append(counts, n)
+	}
+	return names, counts
+}
+
+// ContainerChunks splits a pod's planned GPUs among its containers that
+// request resource, in spec order, each taking as many GPUs as it requests.
+// The counts must add up to the planned GPUs.
+func ContainerChunks(pod *corev1.Pod, resource corev1.ResourceName, gpus []v1alpha1.GPUAssignment) ([]Chunk, error) {
+	names, counts := gpuContainers(pod, resource)
+	var chunks []Chunk
+	next := 0
+	for i, name := range names {
+		n := counts[i]
+		if next+n > len(gpus) {
+			return nil, fmt.Errorf("pod %s/%s: containers request %s: %d+ but the plan gives %d GPUs", pod.Namespace, pod.Name, resource, next+n, len(gpus))
 		}
 		chunks = append(chunks, Chunk{
 			Pod: types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name}, PodUID: pod.UID,
-			Container: c.Name, Ordinal: len(chunks), Devices: devs[next : next+n],
+			Container: name, Ordinal: len(chunks), Devices: gpus[next : next+n],
 		})
 		next += n
 	}
-	if len(chunks) > 0 && next != len(devs) {
-		return nil, fmt.Errorf("pod %s/%s: containers request %d %s but %s plans %d GPUs", pod.Namespace, pod.Name, next, resource, v1alpha1.AnnotationDevices, len(devs))
+	if len(chunks) > 0 && next != len(gpus) {
+		return nil, fmt.Errorf("pod %s/%s: containers request %d %s but the plan gives %d GPUs", pod.Namespace, pod.Name, next, resource, len(gpus))
 	}
 	return chunks, nil
 }
@@ -122,38 +138,55 @@ func allStarted(pod *corev1.Pod, resource corev1.ResourceName) bool {
 	return true
 }
 
-// pending lists, oldest pod first, the next not-yet-allocated chunk of every
-// live planned pod on node. allocated counts chunks already handed out per
-// pod UID by this process. Pods whose annotation cannot be split are
-// returned in bad (so errors can name them).
-func pending(pods []*corev1.Pod, node string, resource corev1.ResourceName, allocated map[types.UID]int) (next []Chunk, bad []error) {
+// Refusal is a pod the node will not serve, with why.
+type Refusal struct {
+	Pod *corev1.Pod
+	Err error
+}
+
+// waiting lists the live, not yet terminating pods on the node that still
+// have a container of resource to start, oldest first.
+func waiting(st State, resource corev1.ResourceName) []*corev1.Pod {
 	// Filter first: on a busy node almost every pod is running already, and
 	// only the few waiting ones need sorting and parsing.
-	var waiting []*corev1.Pod
-	for _, p := range pods {
-		if !live(p, node) || p.DeletionTimestamp != nil {
+	var out []*corev1.Pod
+	for _, p := range st.Pods {
+		if !live(p, st.Node) || p.DeletionTimestamp != nil || allStarted(p, resource) {
 			continue
 		}
-		if _, ok := p.Annotations[v1alpha1.AnnotationDevices]; !ok || allStarted(p, resource) {
-			continue
-		}
-		waiting = append(waiting, p)
+		out = append(out, p)
 	}
-	sort.SliceStable(waiting, func(i, j int) bool {
-		ti, tj := waiting[i].CreationTimestamp, waiting[j].CreationTimestamp
+	sort.SliceStable(out, func(i, j int) bool {
+		ti, tj := out[i].CreationTimestamp, out[j].CreationTimestamp
 		if !ti.Equal(&tj) {
 			return ti.Before(&tj)
 		}
-		return waiting[i].Namespace+"/"+waiting[i].Name < waiting[j].Namespace+"/"+waiting[j].Name
+		return out[i].Namespace+"/"+out[i].Name < out[j].Namespace+"/"+out[j].Name
 	})
-	for _, p := range waiting {
-		chunks, err := ContainerChunks(p, resource)
+	return out
+}
+
+// pending lists, oldest pod first, the next not-yet-allocated chunk of every
+// live planned pod on the node. Pods that claim a plan the node cannot
+// confirm (annotation without binding, annotation that disagrees with the
+// binding, counts that do not add up) are returned in bad.
+func pending(st State, resource corev1.ResourceName) (next []Chunk, bad []Refusal) {
+	for _, p := range waiting(st, resource) {
+		gpus, planned, err := Planned(p, st.Plans, st.Node)
 		if err != nil {
-			bad = append(bad, err)
+			bad = append(bad, Refusal{p, err})
+			continue
+		}
+		if !planned {
+			continue
+		}
+		chunks, err := ContainerChunks(p, resource, gpus)
+		if err != nil {
+			bad = append(bad, Refusal{p, err})
 			continue
 		}
 		for i, c := range chunks {
-			if i < allocated[p.UID] || started(p, c.Container) {
+			if i < st.Allocated[p.UID] || started(p, c.Container) {
 				continue
 			}
 			next = append(next, c)
@@ -167,13 +200,14 @@ func pending(pods []*corev1.Pod, node string, resource corev1.ResourceName, allo
 // chunk whose planned GPUs are exactly the GPUs of the slots the kubelet
 // picked. GetPreferredAllocation steers the kubelet to those slots; when it
 // did not (or no plan exists), Match fails with a message naming what it
-// saw instead of guessing.
-func Match(slotIDs []string, pods []*corev1.Pod, node string, resource corev1.ResourceName, allocated map[types.UID]int) (Chunk, error) {
+// saw instead of guessing. The refusals are returned too, so the caller
+// can tell the refused pods (an Event) why.
+func Match(slotIDs []string, st State, resource corev1.ResourceName) (Chunk, []Refusal, error) {
 	gpus, err := slotGPUs(slotIDs)
 	if err != nil {
-		return Chunk{}, err
+		return Chunk{}, nil, err
 	}
-	next, bad := pending(pods, node, resource, allocated)
+	next, bad := pending(st, resource)
 	for _, c := range next {
 		if len(c.Devices) != len(slotIDs) || len(c.Devices) != len(gpus) {
 			continue
@@ -183,32 +217,47 @@ func Match(slotIDs []string, pods []*corev1.Pod, node string, resource corev1.Re
 			ok = ok && gpus[d.UUID]
 		}
 		if ok {
-			return c, nil
+			return c, bad, nil
 		}
 	}
-	var waiting []string
+	var names []string
 	for _, c := range next {
-		waiting = append(waiting, fmt.Sprintf("%s container %s → %s", c.Pod, c.Container, v1alpha1.FormatDevices(c.Devices)))
+		names = append(names, fmt.Sprintf("%s container %s → %s", c.Pod, c.Container, formatGPUs(c.Devices)))
 	}
-	msg := fmt.Sprintf("no pod planned on node %s has %s %v for a container requesting %d %s", node, v1alpha1.AnnotationDevices, sortedKeys(gpus), len(slotIDs), resource)
-	if len(waiting) == 0 {
+	msg := fmt.Sprintf("no pod planned on node %s has GPUs %v for a container requesting %d %s", st.Node, sortedKeys(gpus), len(slotIDs), resource)
+	if len(names) == 0 {
 		msg += "; no planned pod is waiting for GPUs here (the pod was not placed by gpupack's admission check: give it a plan, or request GPUs without gpupack)"
 	} else {
-		msg += "; waiting: " + strings.Join(waiting, "; ")
+		msg += "; waiting: " + strings.Join(names, "; ")
 	}
-	for _, e := range bad {
-		msg += "; unusable plan: " + e.Error()
+	for _, r := range bad {
+		msg += "; refused: " + r.Err.Error()
 	}
-	return Chunk{}, fmt.Errorf("%s", msg)
+	return Chunk{}, bad, fmt.Errorf("%s", msg)
 }
 
-// Held returns the GPUs that live pods on node hold through their
-// gpupack.io/devices annotation (running or about to run).
-func Held(pods []*corev1.Pod, node string) map[string]bool {
+// Held returns the GPUs of the node that someone holds: every slot on the
+// node of a plan that is not Released, and every live pod's
+// gpupack.io/devices (the check's usage rule: running or about to run,
+// terminating pods still hold).
+func Held(st State) map[string]bool {
 	out := map[string]bool{}
-	for _, p := range pods {
-		if !live(p, node) {
-			continue // terminating pods (DeletionTimestamp set) still hold
+	for _, pl := range st.Plans {
+		if pl.Status.Phase == v1alpha1.PlanReleased {
+			continue
+		}
+		for _, a := range pl.Spec.Assignments {
+			if a.Node != st.Node {
+				continue
+			}
+			for _, g := range a.GPUs {
+				out[g.UUID] = true
+			}
+		}
+	}
+	for _, p := range st.Pods {
+		if !live(p, st.Node) {
+			continue
 		}
 		devs, err := v1alpha1.ParseDevices(p.Annotations[v1alpha1.AnnotationDevices])
 		if err != nil {
@@ -225,7 +274,7 @@ func Held(pods []*corev1.Pod, node string) map[string]bool {
 // chunk of that size, one slot per planned GPU, keeping mustInclude. With no
 // such chunk it prefers slots on GPUs no plan holds, then the rest, so an
 // unplanned request does not take a slot on a planned GPU when it can avoid it.
-func Preferred(available, mustInclude []string, size int, pods []*corev1.Pod, node string, resource corev1.ResourceName, allocated map[types.UID]int) []string {
+func Preferred(available, mustInclude []string, size int, st State, resource corev1.ResourceName) []string {
 	bySlotGPU := map[string][]string{}
 	for _, id := range available {
 		g, err := SlotGPU(id)
@@ -241,7 +290,7 @@ func Preferred(available, mustInclude []string, size int, pods []*corev1.Pod, no
 	for _, id := range mustInclude {
 		must[id] = true
 	}
-	next, _ := pending(pods, node, resource, allocated)
+	next, _ := pending(st, resource)
 	for _, c := range next {
 		if len(c.Devices) != size {
 			continue
@@ -267,7 +316,7 @@ func Preferred(available, mustInclude []string, size int, pods []*corev1.Pod, no
 		}
 	}
 	// Fallback: mustInclude, then one slot per free GPU, then anything.
-	held := Held(pods, node)
+	held := Held(st)
 	out := append([]string(nil), mustInclude...)
 	used := map[string]bool{}
 	for _, id := range mustInclude {

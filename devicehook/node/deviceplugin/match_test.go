@@ -34,6 +34,72 @@ func (b *podBuilder) Devices(s string) *podBuilder {
 	b.p.Annotations[v1alpha1.AnnotationDevices] = s
 	return b
 }
+
+// Forged: the annotation is there but no plan binds the pod (a tenant wrote it).
+func (b *podBuilder) Forged(s string) *podBuilder {
+	b.p.Annotations[v1alpha1.AnnotationDevices] = s
+	b.p.Annotations[testNoPlan] = "true"
+	return b
+}
+
+// PlanSays makes the bound plan slot differ from the annotation.
+func (b *podBuilder) PlanSays(s string) *podBuilder { b.p.Annotations[testPlanSays] = s; return b }
+
+// PlanNode puts the bound plan slot on another node.
+func (b *podBuilder) PlanNode(n string) *podBuilder { b.p.Annotations[testPlanNode] = n; return b }
+
+// Test-only annotations: planFor reads them to build the GPUPlans; the code
+// under test never looks at them.
+const (
+	testNoPlan   = "test.gpupack.io/no-plan"
+	testPlanSays = "test.gpupack.io/plan-says"
+	testPlanNode = "test.gpupack.io/plan-node"
+)
+
+// planFor builds one GPUPlan per pod that has gpupack.io/devices (and no
+// testNoPlan), with slot "main"[0] bound to the pod's UID.
+func planFor(pods ...*corev1.Pod) []*v1alpha1.GPUPlan {
+	var out []*v1alpha1.GPUPlan
+	for _, p := range pods {
+		s, ok := p.Annotations[v1alpha1.AnnotationDevices]
+		if v, says := p.Annotations[testPlanSays]; says {
+			s, ok = v, true
+		}
+		if !ok || p.Annotations[testNoPlan] != "" {
+			continue
+		}
+		devs, err := v1alpha1.ParseDevices(s)
+		if err != nil {
+			continue
+		}
+		node := p.Spec.NodeName
+		if n := p.Annotations[testPlanNode]; n != "" {
+			node = n
+		}
+		a := v1alpha1.PodAssignment{PodSet: "main", Index: 0, Node: node}
+		for _, d := range devs {
+			a.GPUs = append(a.GPUs, v1alpha1.GPUAssignment{UUID: d.UUID, MemoryMiB: d.MemoryMiB, Cores: 30})
+		}
+		out = append(out, &v1alpha1.GPUPlan{
+			ObjectMeta: metav1.ObjectMeta{Name: "plan-" + p.Name, Namespace: p.Namespace},
+			Spec:       v1alpha1.GPUPlanSpec{Assignments: []v1alpha1.PodAssignment{a}},
+			Status:     v1alpha1.GPUPlanStatus{Phase: v1alpha1.PlanPlaced, Bindings: []v1alpha1.SlotBinding{{PodSet: "main", Index: 0, PodName: p.Name, PodUID: p.UID}}},
+		})
+	}
+	return out
+}
+
+func stateOf(allocated map[types.UID]int, pods ...*corev1.Pod) State {
+	if allocated == nil {
+		allocated = map[types.UID]int{}
+	}
+	return State{Node: "n1", Pods: pods, Plans: planFor(pods...), Allocated: allocated}
+}
+
+func ga(uuid string, mib int64) v1alpha1.GPUAssignment {
+	return v1alpha1.GPUAssignment{UUID: uuid, MemoryMiB: mib, Cores: 30}
+}
+
 func (b *podBuilder) Created(d time.Duration) *podBuilder {
 	b.p.CreationTimestamp = metav1.NewTime(t0.Add(d))
 	return b
@@ -44,6 +110,12 @@ func (b *podBuilder) Container(name string, gpus int64) *podBuilder {
 	if gpus > 0 {
 		c.Resources.Limits = corev1.ResourceList{vgpu: *resource.NewQuantity(gpus, resource.DecimalSI)}
 	}
+	b.p.Spec.Containers = append(b.p.Spec.Containers, c)
+	return b
+}
+func (b *podBuilder) WholeGPU(name string, gpus int64) *podBuilder {
+	c := corev1.Container{Name: name}
+	c.Resources.Limits = corev1.ResourceList{v1alpha1.ResourceNvidiaGPU: *resource.NewQuantity(gpus, resource.DecimalSI)}
 	b.p.Spec.Containers = append(b.p.Spec.Containers, c)
 	return b
 }
@@ -92,9 +164,9 @@ func TestMatch(t *testing.T) {
 	}{
 		{"planned GPUs", slots("G2::3", "G1::0"), []*corev1.Pod{planned}, nil,
 			Chunk{Pod: types.NamespacedName{Namespace: "ns", Name: "a"}, PodUID: "uid-a", Container: "main",
-				Devices: []v1alpha1.DeviceAssignment{{UUID: "G1", MemoryMiB: 20000}, {UUID: "G2", MemoryMiB: 20000}}}, ""},
+				Devices: []v1alpha1.GPUAssignment{ga("G1", 20000), ga("G2", 20000)}}, ""},
 		{"slots on other GPUs", slots("G1::0", "G3::0"), []*corev1.Pod{planned}, nil, Chunk{},
-			"no pod planned on node n1 has gpupack.io/devices [G1 G3] for a container requesting 2 gpupack.io/vgpu; waiting: ns/a container main → G1:20000,G2:20000"},
+			"no pod planned on node n1 has GPUs [G1 G3] for a container requesting 2 gpupack.io/vgpu; waiting: ns/a container main → G1:20000,G2:20000"},
 		{"two slots of one GPU do not make two GPUs", slots("G1::0", "G1::1"), []*corev1.Pod{planned}, nil, Chunk{}, "no pod planned"},
 		{"unplanned pod", slots("G7::0"), []*corev1.Pod{makePod("plain").Container("main", 1).Obj()}, nil, Chunk{},
 			"no planned pod is waiting for GPUs here"},
@@ -104,15 +176,23 @@ func TestMatch(t *testing.T) {
 		{"finished pod", slots("G1::0", "G2::0"), []*corev1.Pod{makePod("a").Devices("G1:1,G2:1").Container("main", 2).Phase(corev1.PodSucceeded).Obj()}, nil, Chunk{}, "no planned pod is waiting"},
 		{"oldest of two on one GPU", slots("G1::4"), []*corev1.Pod{newer, older}, nil,
 			Chunk{Pod: types.NamespacedName{Namespace: "ns", Name: "old"}, PodUID: "uid-old", Container: "main",
-				Devices: []v1alpha1.DeviceAssignment{{UUID: "G1", MemoryMiB: 10000}}}, ""},
+				Devices: []v1alpha1.GPUAssignment{ga("G1", 10000)}}, ""},
 		{"then the newer", slots("G1::5"), []*corev1.Pod{newer, older}, map[types.UID]int{"uid-old": 1},
 			Chunk{Pod: types.NamespacedName{Namespace: "ns", Name: "new"}, PodUID: "uid-new", Container: "main",
-				Devices: []v1alpha1.DeviceAssignment{{UUID: "G1", MemoryMiB: 30000}}}, ""},
+				Devices: []v1alpha1.GPUAssignment{ga("G1", 30000)}}, ""},
 		{"second container gets the rest", slots("G4::0", "G5::1"), []*corev1.Pod{twoCtr}, map[types.UID]int{"uid-two": 1},
 			Chunk{Pod: types.NamespacedName{Namespace: "ns", Name: "two"}, PodUID: "uid-two", Container: "b", Ordinal: 1,
-				Devices: []v1alpha1.DeviceAssignment{{UUID: "G4", MemoryMiB: 2000}, {UUID: "G5", MemoryMiB: 3000}}}, ""},
+				Devices: []v1alpha1.GPUAssignment{ga("G4", 2000), ga("G5", 3000)}}, ""},
 		{"plan that does not add up is named", slots("G1::0"), []*corev1.Pod{makePod("bad").Devices("G1:1,G2:1").Container("main", 1).Obj()}, nil, Chunk{},
-			"unusable plan: pod ns/bad: containers request 1 gpupack.io/vgpu but gpupack.io/devices plans 2 GPUs"},
+			"refused: pod ns/bad: containers request 1 gpupack.io/vgpu but the plan gives 2 GPUs"},
+		{"annotation without a plan is refused", slots("G1::0"), []*corev1.Pod{makePod("forged").Forged("G1:70000").Container("main", 1).Obj()}, nil, Chunk{},
+			`refused: pod ns/forged: gpupack.io/devices="G1:70000" but no GPUPlan binds pod UID uid-forged`},
+		{"annotation that disagrees with the plan is refused", slots("G1::0"), []*corev1.Pod{makePod("liar").Devices("G1:70000").PlanSays("G1:1").Container("main", 1).Obj()}, nil, Chunk{},
+			`refused: pod ns/liar: gpupack.io/devices="G1:70000" disagrees with GPUPlan plan-liar slot main[0] (G1:1)`},
+		{"annotation naming another GPU is refused", slots("G2::0"), []*corev1.Pod{makePod("liar").Devices("G2:1").PlanSays("G1:1").Container("main", 1).Obj()}, nil, Chunk{},
+			`disagrees with GPUPlan plan-liar slot main[0] (G1:1)`},
+		{"plan on another node is refused", slots("G1::0"), []*corev1.Pod{makePod("moved").Devices("G1:1").PlanNode("n2").Container("main", 1).Obj()}, nil, Chunk{},
+			`refused: pod ns/moved: GPUPlan plan-moved slot main[0] places it on node n2, not n1`},
 		{"bad slot id", slots("nonsense"), nil, nil, Chunk{}, `device ID "nonsense" is not <gpu-uuid>::<slot>`},
 	}
 	for _, tc := range cases {
@@ -121,7 +201,7 @@ func TestMatch(t *testing.T) {
 			if alloc == nil {
 				alloc = map[types.UID]int{}
 			}
-			got, err := Match(tc.ids, tc.pods, "n1", vgpu, alloc)
+			got, _, err := Match(tc.ids, stateOf(alloc, tc.pods...), vgpu)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("err = %v, want it to contain %q", err, tc.wantErr)
@@ -157,7 +237,7 @@ func TestPreferred(t *testing.T) {
 		{"more slots than GPUs", slots("G1::0", "G1::1", "G2::0"), nil, 3, nil, slots("G1::0", "G2::0", "G1::1")},
 	}
 	for _, tc := range cases {
-		got := Preferred(tc.avail, tc.must, tc.size, tc.pods, "n1", vgpu, map[types.UID]int{})
+		got := Preferred(tc.avail, tc.must, tc.size, stateOf(nil, tc.pods...), vgpu)
 		if d := cmp.Diff(tc.want, got); d != "" {
 			t.Errorf("%s (-want +got):\n%s", tc.name, d)
 		}
@@ -188,10 +268,10 @@ func BenchmarkMatch(b *testing.B) {
 		pods = append(pods, makePod("p"+strconv.Itoa(i)).Devices(g+":1000").Container("main", 1).Started("main").Created(time.Duration(i)*time.Second).Obj())
 	}
 	pods = append(pods, makePod("new").Devices("G3:1000,G5:1000").Container("main", 2).Created(time.Hour).Obj())
-	alloc := map[types.UID]int{}
+	st := stateOf(nil, pods...)
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := Match([]string{"G3::1", "G5::2"}, pods, "n1", vgpu, alloc); err != nil {
+		if _, _, err := Match([]string{"G3::1", "G5::2"}, st, vgpu); err != nil {
 			b.Fatal(err)
 		}
 	}

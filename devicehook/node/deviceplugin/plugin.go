@@ -1,8 +1,10 @@
 // Package deviceplugin serves the kubelet device-plugin API (v1beta1) for
 // gpupack's GPU resources. Each GPU is advertised as N slots; Allocate hands
-// a container exactly the GPUs its pod's gpupack.io/devices annotation
-// plans (the plan is the truth, not the slots the kubelet picked), plus the
-// hook library mount and the pod's accounting directory.
+// a container exactly the GPUs of the GPUPlan slot bound to its pod's UID
+// (the plan is the truth, not the slots the kubelet picked nor the pod's
+// annotations) as CDI devices, plus the hook library and /etc/ld.so.preload
+// read-only, the container's own accounting directory, and a trusted
+// limits file the plugin writes and mounts read-only.
 //
 // The kubelet does not say which pod an Allocate is for. match.go finds it:
 // the oldest planned, not yet allocated container whose planned GPUs are
@@ -12,6 +14,7 @@ package deviceplugin
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -22,7 +25,10 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
@@ -63,22 +69,40 @@ type Config struct {
 	PluginDir  string
 	SocketName string // e.g. "gpupack-vgpu.sock"
 	// HookDir is the host folder holding libgpupack-hook.so (and
-	// ld.so.preload); mounted read-only at the same path. "" (the default in
-	// gpupack-node) leaves mounting to the webhook, which mounts the same
-	// folders on every GPU container; a duplicate mount point would fail
-	// container creation.
+	// ld.so.preload); mounted read-only at the same path. "" mounts nothing
+	// (tests; a cluster where something else delivers the hook).
 	HookDir string
 	// MountPreload also mounts HookDir/ld.so.preload at /etc/ld.so.preload,
 	// so static-linked launchers and exec'd children load the hook.
 	MountPreload bool
 	// CacheHostDir is the host root of accounting dirs; each container gets
-	// <CacheHostDir>/<pod-uid>/<container> at CacheMountPath, the layout the
-	// webhook's subPathExpr mount produces. "" leaves it to the webhook.
+	// <CacheHostDir>/<pod-uid>/<container> (its own, nobody else's) at
+	// CacheMountPath. "" mounts none.
 	CacheHostDir string
-	// MemoryLimits sets CUDA_DEVICE_MEMORY_LIMIT_<i> from the plan's MiB.
+	// LimitsDir is the host root of the trusted limits files
+	// (<LimitsDir>/<pod-uid>/<container>/limits, mounted read-only at
+	// LimitsMountPath). "" writes none.
+	LimitsDir string
+	// MemoryLimits puts CUDA_DEVICE_MEMORY_LIMIT_<i> (the plan's MiB) and
+	// CUDA_DEVICE_SM_LIMIT_<i> into the limits file (fractional slots; a
+	// whole GPU is not limited).
 	MemoryLimits bool
-	Unplanned    UnplannedPolicy
-	Pods         PodLister
+	// ContextReserve is the per-model GPUPACK_CONTEXT_RESERVE table.
+	ContextReserve ContextReserve
+	// VisibleDevicesEnv also sets NVIDIA_VISIBLE_DEVICES (only for a runtime
+	// without CDI; any container can set that variable itself, so it is no
+	// boundary — see the toolkit check).
+	VisibleDevicesEnv bool
+	Unplanned         UnplannedPolicy
+	// AllocatableMiB turns a GPU's physical MiB into allocatable MiB (the
+	// flavors buffer): an unplanned whole GPU is recorded with it.
+	AllocatableMiB func(physicalMiB int64) int64
+	Pods           PodLister
+	Plans          PlanLister
+	// Client records unplanned whole-GPU allocations on the pod; nil
+	// refuses them (they could not be made durable).
+	Client   kubernetes.Interface
+	Recorder record.EventRecorder
 	// AllocateWait bounds how long Allocate waits for the pod to show up in
 	// the lister (the informer may lag the binding by a moment).
 	AllocateWait time.Duration
@@ -95,9 +119,16 @@ type Plugin struct {
 	mu        sync.Mutex
 	gpus      []v1alpha1.GPUInfo
 	index     map[string]int // uuid → NVML index
+	info      map[string]v1alpha1.GPUInfo
 	gen       uint64
 	changed   chan struct{} // closed and replaced on every SetGPUs
 	allocated map[types.UID]int
+	// refused remembers pods already told (an Event) why they are refused.
+	refused map[types.UID]bool
+	// recent are GPUs this process recorded for unplanned pods, held until
+	// the pod lister shows the pod's annotation (or the pod is gone).
+	recent      map[string]types.UID
+	unplannedMu sync.Mutex
 	// Registrations counts successful registrations (tests, metrics).
 	registrations int
 }
@@ -122,7 +153,14 @@ func New(cfg Config) *Plugin {
 	if cfg.Metrics == nil {
 		cfg.Metrics = metrics.New(nil)
 	}
-	return &Plugin{cfg: cfg, changed: make(chan struct{}), allocated: map[types.UID]int{}, index: map[string]int{}}
+	if cfg.ContextReserve == nil {
+		cfg.ContextReserve = DefaultContextReserve()
+	}
+	if cfg.AllocatableMiB == nil {
+		cfg.AllocatableMiB = func(m int64) int64 { return m }
+	}
+	return &Plugin{cfg: cfg, changed: make(chan struct{}), allocated: map[types.UID]int{}, index: map[string]int{},
+		info: map[string]v1alpha1.GPUInfo{}, refused: map[types.UID]bool{}, recent: map[string]types.UID{}}
 }
 
 // SetGPUs replaces the advertised GPUs (health included); ListAndWatch
@@ -135,8 +173,10 @@ func (p *Plugin) SetGPUs(gpus []v1alpha1.GPUInfo) {
 	}
 	p.gpus = append([]v1alpha1.GPUInfo(nil), gpus...)
 	p.index = make(map[string]int, len(gpus))
+	p.info = make(map[string]v1alpha1.GPUInfo, len(gpus))
 	for _, g := range gpus {
 		p.index[g.UUID] = g.Index
+		p.info[g.UUID] = g
 	}
 	p.gen++
 	close(p.changed)
@@ -194,32 +234,48 @@ func (p *Plugin) ListAndWatch(_ *pluginapi.Empty, s pluginapi.DevicePlugin_ListA
 	}
 }
 
-// GetPreferredAllocation steers the kubelet to the planned GPUs.
-func (p *Plugin) GetPreferredAllocation(ctx context.Context, req *pluginapi.PreferredAllocationRequest) (*pluginapi.PreferredAllocationResponse, error) {
+// state reads the pods and plans a decision needs.
+func (p *Plugin) state() (State, error) {
 	pods, err := p.cfg.Pods.List()
 	if err != nil {
-		return nil, fmt.Errorf("list pods: %w", err)
+		return State{}, fmt.Errorf("gpupack-node: list pods on %s: %w", p.cfg.NodeName, err)
+	}
+	var plans []*v1alpha1.GPUPlan
+	if p.cfg.Plans != nil {
+		if plans, err = p.cfg.Plans.Plans(""); err != nil {
+			return State{}, fmt.Errorf("gpupack-node: list GPUPlans: %w", err)
+		}
+	}
+	return State{Node: p.cfg.NodeName, Pods: pods, Plans: plans}, nil
+}
+
+// GetPreferredAllocation steers the kubelet to the planned GPUs.
+func (p *Plugin) GetPreferredAllocation(ctx context.Context, req *pluginapi.PreferredAllocationRequest) (*pluginapi.PreferredAllocationResponse, error) {
+	st, err := p.state()
+	if err != nil {
+		return nil, err
 	}
 	res := corev1.ResourceName(p.cfg.ResourceName)
 	// The kubelet asks right after binding; the informer may not have the
 	// pod yet. Give it a moment to show up rather than steer the kubelet to
 	// slots that Allocate will then refuse.
 	deadline := time.Now().Add(p.cfg.AllocateWait / 2)
-	for p.waitForPlan(pods, req) && time.Now().Before(deadline) {
+	for p.waitForPlan(st, req) && time.Now().Before(deadline) {
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case <-time.After(50 * time.Millisecond):
 		}
-		if pods, err = p.cfg.Pods.List(); err != nil {
-			return nil, fmt.Errorf("list pods: %w", err)
+		if st, err = p.state(); err != nil {
+			return nil, err
 		}
 	}
 	resp := &pluginapi.PreferredAllocationResponse{}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	st.Allocated = p.allocated
 	for _, cr := range req.ContainerRequests {
-		ids := Preferred(cr.AvailableDeviceIDs, cr.MustIncludeDeviceIDs, int(cr.AllocationSize), pods, p.cfg.NodeName, res, p.allocated)
+		ids := Preferred(cr.AvailableDeviceIDs, cr.MustIncludeDeviceIDs, int(cr.AllocationSize), st, res)
 		resp.ContainerResponses = append(resp.ContainerResponses, &pluginapi.ContainerPreferredAllocationResponse{DeviceIDs: ids})
 	}
 	return resp, nil
@@ -227,9 +283,10 @@ func (p *Plugin) GetPreferredAllocation(ctx context.Context, req *pluginapi.Pref
 
 // waitForPlan reports whether some container request has no pending planned
 // chunk of its size yet.
-func (p *Plugin) waitForPlan(pods []*corev1.Pod, req *pluginapi.PreferredAllocationRequest) bool {
+func (p *Plugin) waitForPlan(st State, req *pluginapi.PreferredAllocationRequest) bool {
 	p.mu.Lock()
-	next, _ := pending(pods, p.cfg.NodeName, corev1.ResourceName(p.cfg.ResourceName), p.allocated)
+	st.Allocated = p.allocated
+	next, _ := pending(st, corev1.ResourceName(p.cfg.ResourceName))
 	p.mu.Unlock()
 	for _, cr := range req.ContainerRequests {
 		found := false
@@ -258,33 +315,47 @@ func (p *Plugin) Allocate(ctx context.Context, req *pluginapi.AllocateRequest) (
 	return resp, nil
 }
 
+// Event reasons (stable, CamelCase).
+const (
+	ReasonPlanMismatch = "GPUPlanMismatch"
+	ReasonUnplanned    = "UnplannedGPUAllocated"
+)
+
 func (p *Plugin) allocateOne(ctx context.Context, ids []string) (*pluginapi.ContainerAllocateResponse, error) {
 	deadline := time.Now().Add(p.cfg.AllocateWait)
 	res := corev1.ResourceName(p.cfg.ResourceName)
 	for {
-		pods, err := p.cfg.Pods.List()
+		st, err := p.state()
 		if err != nil {
-			return nil, fmt.Errorf("gpupack-node: list pods on %s: %w", p.cfg.NodeName, err)
+			return nil, err
 		}
 		p.mu.Lock()
-		chunk, err := Match(ids, pods, p.cfg.NodeName, res, p.allocated)
+		st.Allocated = p.allocated
+		chunk, bad, err := Match(ids, st, res)
 		if err == nil {
 			p.allocated[chunk.PodUID]++
-			index := p.index
 			p.mu.Unlock()
-			r, err := p.response(chunk, index)
+			r, err := p.response(chunk)
 			if err != nil {
+				p.mu.Lock()
+				p.allocated[chunk.PodUID]--
+				p.mu.Unlock()
 				return nil, err
 			}
 			p.cfg.Metrics.PluginAllocations.WithLabelValues(p.cfg.ResourceName, "planned").Inc()
-			klog.InfoS("Allocated planned GPUs", "pod", chunk.Pod, "container", chunk.Container, "devices", v1alpha1.FormatDevices(chunk.Devices))
+			klog.InfoS("Allocated planned GPUs", "pod", chunk.Pod, "container", chunk.Container, "devices", formatGPUs(chunk.Devices))
 			return r, nil
 		}
 		p.mu.Unlock()
+		p.tellRefused(bad)
 		if p.cfg.Unplanned == UnplannedFreeGPUs {
-			if r, ok := p.freeGPUs(ids, pods); ok {
+			r, ok, uerr := p.unplanned(ctx, ids, st)
+			if ok {
 				p.cfg.Metrics.PluginAllocations.WithLabelValues(p.cfg.ResourceName, "unplanned").Inc()
 				return r, nil
+			}
+			if uerr != nil {
+				err = fmt.Errorf("%w; unplanned: %v", err, uerr)
 			}
 		}
 		if time.Now().After(deadline) {
@@ -298,43 +369,163 @@ func (p *Plugin) allocateOne(ctx context.Context, ids []string) (*pluginapi.Cont
 	}
 }
 
-// freeGPUs serves an unplanned whole-GPU request when none of the chosen
-// GPUs is held by a live planned pod.
-func (p *Plugin) freeGPUs(ids []string, pods []*corev1.Pod) (*pluginapi.ContainerAllocateResponse, bool) {
-	gpus, err := slotGPUs(ids)
-	if err != nil {
-		return nil, false
+// tellRefused raises one Warning Event per refused pod.
+func (p *Plugin) tellRefused(bad []Refusal) {
+	for _, r := range bad {
+		p.mu.Lock()
+		told := p.refused[r.Pod.UID]
+		p.refused[r.Pod.UID] = true
+		p.mu.Unlock()
+		if told {
+			continue
+		}
+		klog.ErrorS(r.Err, "refusing GPUs to a pod", "pod", klog.KObj(r.Pod))
+		if p.cfg.Recorder != nil {
+			p.cfg.Recorder.Eventf(r.Pod, corev1.EventTypeWarning, ReasonPlanMismatch, "gpupack-node %s refuses %s: %v", p.cfg.NodeName, p.cfg.ResourceName, r.Err)
+		}
 	}
-	held := Held(pods, p.cfg.NodeName)
-	for g := range gpus {
-		if held[g] {
-			return nil, false
+}
+
+// unplanned serves a whole-GPU request no plan covers, when none of the
+// chosen GPUs is held by a plan, a pod, or an earlier unplanned allocation,
+// and records it durably first: the pod it is for (the oldest waiting
+// unplanned pod whose next container asks for that many GPUs) gets
+// gpupack.io/devices with each GPU's whole allocatable MiB and
+// gpupack.io/allocated-by, so the check counts the GPUs and a restarted
+// agent still sees them held. ok is false with a reason when it cannot.
+func (p *Plugin) unplanned(ctx context.Context, ids []string, st State) (*pluginapi.ContainerAllocateResponse, bool, error) {
+	gpus, err := slotGPUs(ids)
+	if err != nil || len(gpus) != len(ids) {
+		return nil, false, err
+	}
+	p.unplannedMu.Lock()
+	defer p.unplannedMu.Unlock()
+	held := Held(st)
+	livePods := map[types.UID]bool{}
+	for _, pod := range st.Pods {
+		if live(pod, st.Node) {
+			livePods[pod.UID] = true
 		}
 	}
 	p.mu.Lock()
-	index := p.index
+	for g, uid := range p.recent {
+		if !livePods[uid] {
+			delete(p.recent, g)
+			continue
+		}
+		held[g] = true
+	}
+	index, info := p.index, p.info
 	p.mu.Unlock()
-	uuids := sortedKeys(gpus)
-	sort.SliceStable(uuids, func(i, j int) bool { return index[uuids[i]] < index[uuids[j]] })
-	klog.InfoS("Allocated unplanned free GPUs", "resource", p.cfg.ResourceName, "gpus", uuids)
-	return &pluginapi.ContainerAllocateResponse{Envs: map[string]string{v1alpha1.EnvVisibleDevices: strings.Join(uuids, ",")}}, true
-}
-
-// response builds the container's environment and mounts. GPUs are listed
-// in NVML index (PCI) order, the order CUDA enumerates them in, so
-// CUDA_DEVICE_MEMORY_LIMIT_<i> and the hook's device i name the same GPU.
-func (p *Plugin) response(c Chunk, index map[string]int) (*pluginapi.ContainerAllocateResponse, error) {
-	devs := append([]v1alpha1.DeviceAssignment(nil), c.Devices...)
-	sort.SliceStable(devs, func(i, j int) bool { return index[devs[i].UUID] < index[devs[j].UUID] })
-	r := &pluginapi.ContainerAllocateResponse{Envs: map[string]string{}}
-	uuids := make([]string, len(devs))
-	for i, d := range devs {
-		uuids[i] = d.UUID
-		if p.cfg.MemoryLimits {
-			r.Envs[v1alpha1.EnvMemoryLimit+"_"+strconv.Itoa(i)] = strconv.FormatInt(d.MemoryMiB, 10) + "m"
+	for g := range gpus {
+		if held[g] {
+			return nil, false, fmt.Errorf("GPU %s is held by a plan or a pod", g)
+		}
+		if _, ok := info[g]; !ok {
+			return nil, false, fmt.Errorf("GPU %s is not on this node", g)
 		}
 	}
-	r.Envs[v1alpha1.EnvVisibleDevices] = strings.Join(uuids, ",")
+	res := corev1.ResourceName(p.cfg.ResourceName)
+	var pod *corev1.Pod
+	var container string
+	p.mu.Lock()
+	for _, cand := range waiting(st, res) {
+		if _, planned, err := Planned(cand, st.Plans, st.Node); planned || err != nil {
+			continue
+		}
+		names, counts := gpuContainers(cand, res)
+		n := 0
+		for i, name := range names {
+			if started(cand, name) {
+				continue
+			}
+			if n == p.allocated[cand.UID] {
+				if counts[i] == len(ids) {
+					pod, container = cand, name
+				}
+				break
+			}
+			n++
+		}
+		if pod != nil {
+			break
+		}
+	}
+	p.mu.Unlock()
+	if pod == nil {
+		return nil, false, fmt.Errorf("no unplanned pod on node %s waits for %d %s", st.Node, len(ids), res)
+	}
+	if p.cfg.Client == nil {
+		return nil, false, fmt.Errorf("cannot record the allocation (no API client)")
+	}
+	uuids := sortedKeys(gpus)
+	sort.SliceStable(uuids, func(i, j int) bool { return index[uuids[i]] < index[uuids[j]] })
+	var devs []v1alpha1.DeviceAssignment
+	if pod.Annotations[AnnotationAllocatedBy] == AllocatedByValue(st.Node) {
+		if prev, err := v1alpha1.ParseDevices(pod.Annotations[v1alpha1.AnnotationDevices]); err == nil {
+			devs = prev
+		}
+	}
+	chunk := Chunk{Pod: types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name}, PodUID: pod.UID, Container: container}
+	for _, u := range uuids {
+		mib := p.cfg.AllocatableMiB(info[u].MemoryMiB)
+		devs = append(devs, v1alpha1.DeviceAssignment{UUID: u, MemoryMiB: mib})
+		chunk.Devices = append(chunk.Devices, v1alpha1.GPUAssignment{UUID: u, MemoryMiB: mib, Cores: 100, Exclusive: true})
+	}
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{
+		"resourceVersion": pod.ResourceVersion, // a stale view fails here and is retried
+		"annotations": map[string]string{
+			v1alpha1.AnnotationDevices: v1alpha1.FormatDevices(devs),
+			AnnotationAllocatedBy:      AllocatedByValue(st.Node),
+		},
+	}})
+	if _, err := p.cfg.Client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "gpupack-node"}); err != nil {
+		return nil, false, fmt.Errorf("record unplanned GPUs on pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	p.mu.Lock()
+	for _, u := range uuids {
+		p.recent[u] = pod.UID
+	}
+	p.allocated[pod.UID]++
+	p.mu.Unlock()
+	r, err := p.response(chunk)
+	if err != nil {
+		return nil, false, err
+	}
+	klog.InfoS("Allocated unplanned free GPUs", "resource", p.cfg.ResourceName, "pod", klog.KObj(pod), "container", container, "gpus", uuids)
+	if p.cfg.Recorder != nil {
+		p.cfg.Recorder.Eventf(pod, corev1.EventTypeNormal, ReasonUnplanned, "gpupack-node %s gave container %s GPUs %s (no plan covers this pod; recorded in %s)", st.Node, container, strings.Join(uuids, ","), v1alpha1.AnnotationDevices)
+	}
+	return r, true, nil
+}
+
+// response builds what the container gets: CDI devices for exactly its
+// GPUs, the hook mounts, its own accounting dir and its limits file. GPUs
+// are listed in NVML index (PCI) order, the order CUDA enumerates them in,
+// so CUDA_DEVICE_MEMORY_LIMIT_<i> and the hook's device i name the same GPU.
+func (p *Plugin) response(c Chunk) (*pluginapi.ContainerAllocateResponse, error) {
+	p.mu.Lock()
+	index, info := p.index, p.info
+	p.mu.Unlock()
+	devs := append([]v1alpha1.GPUAssignment(nil), c.Devices...)
+	sort.SliceStable(devs, func(i, j int) bool { return index[devs[i].UUID] < index[devs[j].UUID] })
+	r := &pluginapi.ContainerAllocateResponse{}
+	uuids := make([]string, len(devs))
+	limits := make([]LimitsGPU, len(devs))
+	reserve := ""
+	for i, d := range devs {
+		uuids[i] = d.UUID
+		r.CdiDevices = append(r.CdiDevices, &pluginapi.CDIDevice{Name: CDIDeviceName(d.UUID)})
+		if p.cfg.MemoryLimits && !d.Exclusive {
+			limits[i] = LimitsGPU{MemoryMiB: d.MemoryMiB, Cores: d.Cores}
+		}
+		if v := p.cfg.ContextReserve.For(info[d.UUID].Model); reserve == "" || sizeBytes(v) > sizeBytes(reserve) {
+			reserve = v
+		}
+	}
+	if p.cfg.VisibleDevicesEnv {
+		r.Envs = map[string]string{v1alpha1.EnvVisibleDevices: strings.Join(uuids, ",")}
+	}
 	if p.cfg.HookDir != "" {
 		r.Mounts = append(r.Mounts, &pluginapi.Mount{ContainerPath: p.cfg.HookDir, HostPath: p.cfg.HookDir, ReadOnly: true})
 		if p.cfg.MountPreload {
@@ -342,6 +533,12 @@ func (p *Plugin) response(c Chunk, index map[string]int) (*pluginapi.ContainerAl
 		}
 	}
 	if p.cfg.CacheHostDir != "" {
+		if err := safeName(string(c.PodUID)); err != nil {
+			return nil, err
+		}
+		if err := safeName(c.Container); err != nil {
+			return nil, err
+		}
 		dir := ContainerCacheDir(p.cfg.CacheHostDir, c.PodUID, c.Container)
 		// 0o777: the container may run as any user; the dir is its own.
 		if err := os.MkdirAll(dir, 0o777); err != nil {
@@ -349,9 +546,34 @@ func (p *Plugin) response(c Chunk, index map[string]int) (*pluginapi.ContainerAl
 		}
 		_ = os.Chmod(dir, 0o777)
 		r.Mounts = append(r.Mounts, &pluginapi.Mount{ContainerPath: CacheMountPath, HostPath: dir})
-		r.Envs[v1alpha1.EnvSharedCache] = filepath.Join(CacheMountPath, CacheFileName)
+	}
+	if p.cfg.LimitsDir != "" {
+		path, err := WriteLimits(p.cfg.LimitsDir, c.PodUID, c.Container, RenderLimits(limits, reserve))
+		if err != nil {
+			return nil, fmt.Errorf("gpupack-node: pod %s container %s: %w", c.Pod, c.Container, err)
+		}
+		r.Mounts = append(r.Mounts, &pluginapi.Mount{ContainerPath: LimitsMountPath, HostPath: path, ReadOnly: true})
 	}
 	return r, nil
+}
+
+// CDIDeviceName is the NVIDIA container toolkit's CDI name of a GPU under
+// `nvidia-ctk cdi generate --device-name-strategy=uuid`.
+func CDIDeviceName(uuid string) string { return "nvidia.com/gpu=" + uuid }
+
+// sizeBytes reads a k/m/g size (0 when malformed; the table is validated).
+func sizeBytes(s string) int64 {
+	mul := int64(1)
+	switch {
+	case strings.HasSuffix(s, "k"):
+		mul, s = 1<<10, strings.TrimSuffix(s, "k")
+	case strings.HasSuffix(s, "m"):
+		mul, s = 1<<20, strings.TrimSuffix(s, "m")
+	case strings.HasSuffix(s, "g"):
+		mul, s = 1<<30, strings.TrimSuffix(s, "g")
+	}
+	n, _ := strconv.ParseInt(s, 10, 64)
+	return n * mul
 }
 
 // The accounting layout, shared with the webhook (webhooks/mutation:

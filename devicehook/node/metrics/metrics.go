@@ -28,9 +28,10 @@ type Metrics struct {
 	InventoryPublishes   *prometheus.CounterVec
 	PluginAllocations    *prometheus.CounterVec // resource, result
 	BypassDetections     *prometheus.CounterVec // kind
-	BypassEvictions      prometheus.Counter
-	PodGPUUsedMiB        *prometheus.GaugeVec // namespace, pod, gpu
-	HookDriftMiB         *prometheus.GaugeVec // namespace, pod, gpu
+	BypassActions        *prometheus.CounterVec // action = kill / delete
+	ToolkitUnsafe        *prometheus.GaugeVec   // setting
+	PodGPUUsedMiB        *prometheus.GaugeVec   // namespace, pod, gpu
+	HookDriftMiB         *prometheus.GaugeVec   // namespace, pod, gpu
 	HookAccountingErrors prometheus.Counter
 }
 
@@ -55,8 +56,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help: "Device-plugin Allocate results per container (result: planned, unplanned, error)."}, []string{"resource", "result"}),
 		BypassDetections: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gpupack_node_bypass_detections_total",
 			Help: "GPU memory use the hook did not bound (kind: over_limit, unassigned, unknown)."}, []string{"kind"}),
-		BypassEvictions: prometheus.NewCounter(prometheus.CounterOpts{Name: "gpupack_node_bypass_evictions_total",
-			Help: "Pods evicted by the bypass watcher under policy evict."}),
+		BypassActions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gpupack_node_bypass_actions_total",
+			Help: "Enforcement by the bypass watcher (action: kill = a process SIGKILLed, delete = a pod deleted with grace 0)."}, []string{"action"}),
+		ToolkitUnsafe: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "gpupack_node_toolkit_unsafe",
+			Help: "1 when the NVIDIA container toolkit setting named by setting lets a container pick its own GPUs (see docs/node-agent.md), else 0."}, []string{"setting"}),
 		PodGPUUsedMiB: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "gpupack_node_pod_gpu_memory_used_mib",
 			Help: "Memory a pod's processes use on a GPU, as NVML reports it."}, []string{"namespace", "pod", "gpu"}),
 		HookDriftMiB: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "gpupack_node_hook_drift_mib",
@@ -67,7 +70,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	if reg != nil {
 		reg.MustRegister(m.NVMLAvailable, m.GPUHealthy, m.GPUAllocatableMiB, m.GPUUsedMiB, m.GPULimitMiB,
 			m.NVLinkActiveLinks, m.InventoryPublishes, m.PluginAllocations, m.BypassDetections,
-			m.BypassEvictions, m.PodGPUUsedMiB, m.HookDriftMiB, m.HookAccountingErrors)
+			m.BypassActions, m.ToolkitUnsafe, m.PodGPUUsedMiB, m.HookDriftMiB, m.HookAccountingErrors)
 	}
 	return m
 }

@@ -18,6 +18,9 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 )
 
+// NotAvailable is NVML_VALUE_NOT_AVAILABLE as an unsigned long long.
+const NotAvailable = ^uint64(0)
+
 // GPU is the mutable state behind one mocked device.
 type GPU struct {
 	mu        sync.Mutex
@@ -31,7 +34,21 @@ type GPU struct {
 	// UncorrectableECC is the volatile uncorrected ECC error count.
 	UncorrectableECC uint64
 	Fabric           *nvml.GpuFabricInfo // nil: fabric not supported (HGX)
-	Processes        []nvml.ProcessInfo
+	// Processes are the compute processes now, by host PID (NVML never
+	// reports the PID a container sees), UsedGpuMemory in bytes or
+	// NotAvailable.
+	Processes []nvml.ProcessInfo
+	// SampleEvery > 0 makes the process list a sample, as the driver's is:
+	// GetComputeRunningProcesses answers with the list as it was at every
+	// SampleEvery-th call, so a process that started, grew or exited since
+	// is seen late (or, if it lived between two samples, never).
+	SampleEvery int
+	// HideProcessMemory reports every process's UsedGpuMemory as
+	// NotAvailable (as drivers do under MIG, WDDM or without
+	// permission), while the device's memory info still counts it.
+	HideProcessMemory bool
+	sample            []nvml.ProcessInfo
+	calls             int
 }
 
 // Set changes the GPU under its lock.
@@ -129,7 +146,9 @@ func complete(g *GPU) {
 		}
 		var used uint64
 		for _, p := range g.Processes {
-			used += p.UsedGpuMemory
+			if p.UsedGpuMemory != NotAvailable {
+				used += p.UsedGpuMemory
+			}
 		}
 		total := d.MemoryInfo.Total
 		return nvml.Memory_v2{Total: total, Used: used, Free: total - min(used, total)}, nvml.SUCCESS
@@ -189,7 +208,21 @@ func complete(g *GPU) {
 	d.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) {
 		g.mu.Lock()
 		defer g.mu.Unlock()
-		return append([]nvml.ProcessInfo(nil), g.Processes...), nvml.SUCCESS
+		out := g.Processes
+		if g.SampleEvery > 0 {
+			if g.calls%g.SampleEvery == 0 {
+				g.sample = append([]nvml.ProcessInfo(nil), g.Processes...)
+			}
+			g.calls++
+			out = g.sample
+		}
+		out = append([]nvml.ProcessInfo(nil), out...)
+		if g.HideProcessMemory {
+			for i := range out {
+				out[i].UsedGpuMemory = NotAvailable
+			}
+		}
+		return out, nvml.SUCCESS
 	}
 }
 

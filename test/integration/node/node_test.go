@@ -1,7 +1,8 @@
 // Package node runs gpupack-node's agent (with go-nvml's mocked DGX/NVL
 // hardware standing in for the driver) against a real kube-apiserver: the
 // inventory it publishes, a GPU health change, capacity the kubelet reset,
-// and a bypass that ends in an Event, a metric and an eviction.
+// a plan-bound Allocate (CDI devices, mounts, limits file), a forged
+// annotation refused, and a bypass that ends in a kill and a pod delete.
 package node
 
 import (
@@ -11,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,10 +23,12 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
 
 	v1alpha1 "github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
 	"github.com/gpupack/gpupack/devicehook/node/agent"
 	"github.com/gpupack/gpupack/devicehook/node/bypass"
+	"github.com/gpupack/gpupack/devicehook/node/deviceplugin"
 	"github.com/gpupack/gpupack/devicehook/node/deviceplugin/kubelettest"
 	"github.com/gpupack/gpupack/devicehook/node/metrics"
 	"github.com/gpupack/gpupack/devicehook/node/nvmlfake"
@@ -34,14 +38,19 @@ import (
 
 const nodeName = "gpu-node-1"
 
-func startAgent(t *testing.T, env *framework.Env, hw *nvmlfake.Node, policy bypass.Policy, pluginDir string) (*agent.Agent, string) {
+func startAgent(t *testing.T, env *framework.Env, hw *nvmlfake.Node, policy bypass.Policy, pluginDir string) (*agent.Agent, string, agent.Options) {
 	t.Helper()
 	proc := t.TempDir()
 	o := agent.DefaultOptions()
 	o.NodeName, o.SlotsPerGPU = nodeName, 4
 	o.DevicePlugin, o.PluginDir = pluginDir != "", pluginDir
 	o.MetricsAddr = ""
-	o.ProcRoot, o.CacheDir = proc, t.TempDir()
+	// The toolkit config as a package installs it: unsafe for gpupack.
+	o.ToolkitConfig = filepath.Join("..", "..", "..", "devicehook", "node", "toolkit", "testdata", "default.toml")
+	o.ProcRoot, o.CacheDir, o.LimitsDir = proc, t.TempDir(), t.TempDir()
+	o.Dynamic = dynamic.NewForConfigOrDie(env.Config)
+	// NVML's PIDs are the fake's; never signal a real process of this machine.
+	o.Killer = &recordingKiller{}
 	o.BypassPolicy, o.BypassInterval, o.PublishInterval = policy, 100*time.Millisecond, 200*time.Millisecond
 	a := agent.New(o, hw, env.Clientset)
 	ctx, cancel := context.WithCancel(env.Ctx)
@@ -53,7 +62,30 @@ func startAgent(t *testing.T, env *framework.Env, hw *nvmlfake.Node, policy bypa
 			t.Errorf("agent: %v", err)
 		}
 	})
-	return a, proc
+	return a, proc, o
+}
+
+// bindPlan stores a GPUPlan whose slot on nodeName is bound to pod's UID,
+// as the manager's ungater leaves it, with gpus ("<uuid>:<MiB>[,…]").
+func bindPlan(t *testing.T, env *framework.Env, pod *corev1.Pod, gpus string, cores int32) {
+	t.Helper()
+	devs, err := v1alpha1.ParseDevices(gpus)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := v1alpha1.PodAssignment{PodSet: "main", Index: 0, Node: nodeName}
+	for _, d := range devs {
+		a.GPUs = append(a.GPUs, v1alpha1.GPUAssignment{UUID: d.UUID, MemoryMiB: d.MemoryMiB, Cores: cores})
+	}
+	plan := &v1alpha1.GPUPlan{
+		ObjectMeta: metav1.ObjectMeta{Name: "plan-" + pod.Name, Namespace: pod.Namespace},
+		Spec:       v1alpha1.GPUPlanSpec{WorkloadName: pod.Name, PodCount: 1, GPUCount: int32(len(devs)), Assignments: []v1alpha1.PodAssignment{a}},
+	}
+	env.MustCreate(t, plan)
+	plan.Status = v1alpha1.GPUPlanStatus{Phase: v1alpha1.PlanPlaced, PlacedPods: 1, Bindings: []v1alpha1.SlotBinding{{PodSet: "main", Index: 0, PodName: pod.Name, PodUID: pod.UID}}}
+	if err := env.Client.Status().Update(env.Ctx, plan); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func getNode(env *framework.Env) (*corev1.Node, error) {
@@ -89,7 +121,7 @@ func TestNodeAgent(t *testing.T) {
 	}
 	t.Cleanup(func() { os.RemoveAll(pluginDir) })
 	kubelet := kubelettest.Start(t, pluginDir)
-	a, proc := startAgent(t, env, hw, bypass.PolicyEvict, pluginDir)
+	a, proc, opts := startAgent(t, env, hw, bypass.PolicyEnforce, pluginDir)
 	alloc := flavors.DefaultBuffer().Allocatable(81920)
 
 	t.Run("publishes inventory", func(t *testing.T) {
@@ -127,6 +159,28 @@ func TestNodeAgent(t *testing.T) {
 		if n2, _ := getNode(env); n2.ResourceVersion != rv {
 			t.Errorf("node rewritten without a change (resourceVersion %s → %s)", rv, n2.ResourceVersion)
 		}
+	})
+
+	t.Run("unsafe toolkit settings are a node condition and an Event", func(t *testing.T) {
+		n, _ := getNode(env)
+		var cond *corev1.NodeCondition
+		for i := range n.Status.Conditions {
+			if n.Status.Conditions[i].Type == agent.ConditionToolkitSafe {
+				cond = &n.Status.Conditions[i]
+			}
+		}
+		if cond == nil || cond.Status != corev1.ConditionFalse || cond.Reason != agent.ReasonToolkitUnsafe ||
+			!strings.Contains(cond.Message, "accept-nvidia-visible-devices-envvar-when-unprivileged is not set") {
+			t.Errorf("condition = %+v", cond)
+		}
+		env.Eventually(t, 20*time.Second, "ToolkitUnsafe event on the node", func() (bool, string) {
+			for _, e := range events(env, "default", agent.ReasonToolkitUnsafe, "") {
+				if e.InvolvedObject.Kind == "Node" && e.InvolvedObject.Name == nodeName {
+					return true, ""
+				}
+			}
+			return false, "none"
+		})
 	})
 
 	t.Run("a GPU health change is reflected", func(t *testing.T) {
@@ -183,8 +237,9 @@ func TestNodeAgent(t *testing.T) {
 		g5, g6 := hw.GPUs[5].UUID(), hw.GPUs[6].UUID()
 		planned := gpuPod("planned", ns, g6+":30000,"+g5+":20000", 2)
 		env.MustCreate(t, planned)
+		bindPlan(t, env, planned, g6+":30000,"+g5+":20000", 25)
 		// At once, as the kubelet would right after binding: the plugin
-		// waits for its informer to see the pod.
+		// waits for its informers to see the pod and the plan.
 		r, ids, err := kubelet.Allocate(env.Ctx, v1alpha1.ResourceVGPU, 2)
 		if err != nil {
 			t.Fatal(err)
@@ -192,26 +247,76 @@ func TestNodeAgent(t *testing.T) {
 		if d := cmp.Diff([]string{g6 + "::0", g5 + "::0"}, ids); d != "" {
 			t.Errorf("preferred slots (-want +got):\n%s", d)
 		}
+		if len(r.Envs) != 0 {
+			t.Errorf("envs = %v, want none", r.Envs)
+		}
+		var cdi []string
+		for _, d := range r.CdiDevices {
+			cdi = append(cdi, d.Name)
+		}
+		if d := cmp.Diff([]string{"nvidia.com/gpu=" + g5, "nvidia.com/gpu=" + g6}, cdi); d != "" {
+			t.Errorf("CDI devices (-want +got):\n%s", d)
+		}
+		limits := deviceplugin.LimitsFile(opts.LimitsDir, planned.UID, "main")
+		mounts := map[string]string{}
+		for _, m := range r.Mounts {
+			mounts[m.ContainerPath] = fmt.Sprintf("%s ro=%v", m.HostPath, m.ReadOnly)
+		}
+		wantMounts := map[string]string{
+			opts.HookDir:          opts.HookDir + " ro=true",
+			"/etc/ld.so.preload":  opts.HookDir + "/ld.so.preload ro=true",
+			"/var/run/gpupack":    deviceplugin.ContainerCacheDir(opts.CacheDir, planned.UID, "main") + " ro=false",
+			"/etc/gpupack/limits": limits + " ro=true",
+		}
+		if d := cmp.Diff(wantMounts, mounts); d != "" {
+			t.Errorf("mounts (-want +got):\n%s", d)
+		}
+		b, err := os.ReadFile(limits)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := deviceplugin.ParseLimits(b)
+		if err != nil {
+			t.Fatal(err)
+		}
 		want := map[string]string{
-			v1alpha1.EnvVisibleDevices:     g5 + "," + g6,
-			v1alpha1.EnvMemoryLimit + "_0": "20000m",
-			v1alpha1.EnvMemoryLimit + "_1": "30000m",
+			"CUDA_DEVICE_MEMORY_LIMIT_0": "20000m", "CUDA_DEVICE_SM_LIMIT_0": "25",
+			"CUDA_DEVICE_MEMORY_LIMIT_1": "30000m", "CUDA_DEVICE_SM_LIMIT_1": "25",
+			"CUDA_DEVICE_MEMORY_SHARED_CACHE": "/var/run/gpupack/vgpu.cache", "GPUPACK_CONTEXT_RESERVE": "512m",
 		}
-		if d := cmp.Diff(want, r.Envs); d != "" {
-			t.Errorf("envs (-want +got):\n%s", d)
+		if d := cmp.Diff(want, got); d != "" {
+			t.Errorf("limits file (-want +got):\n%s", d)
 		}
+
 		env.MustCreate(t, gpuPod("unplanned", ns, "", 1))
 		_, _, err = kubelet.Allocate(env.Ctx, v1alpha1.ResourceVGPU, 1)
 		if err == nil || !strings.Contains(err.Error(), "no planned pod is waiting for GPUs here") {
 			t.Errorf("unplanned pod: err = %v, want a clear refusal", err)
 		}
+		env.Clientset.CoreV1().Pods(ns).Delete(env.Ctx, "unplanned", metav1.DeleteOptions{GracePeriodSeconds: ptr(int64(0))})
+
+		// A tenant writes gpupack.io/devices itself: 70000 MiB on GPU 7.
+		forged := gpuPod("forged", ns, hw.GPUs[7].UUID()+":70000", 1)
+		env.MustCreate(t, forged)
+		_, _, err = kubelet.Allocate(env.Ctx, v1alpha1.ResourceVGPU, 1)
+		if err == nil || !strings.Contains(err.Error(), "no GPUPlan binds pod UID "+string(forged.UID)) {
+			t.Errorf("forged annotation: err = %v, want a refusal naming the missing binding", err)
+		}
+		env.Eventually(t, 20*time.Second, deviceplugin.ReasonPlanMismatch+" event on the forged pod", func() (bool, string) {
+			return len(events(env, ns, deviceplugin.ReasonPlanMismatch, forged.UID)) > 0, "none"
+		})
+		if _, err := os.Stat(deviceplugin.LimitsFile(opts.LimitsDir, forged.UID, "main")); err == nil {
+			t.Error("a limits file was written for the forged pod")
+		}
+		env.Clientset.CoreV1().Pods(ns).Delete(env.Ctx, "forged", metav1.DeleteOptions{GracePeriodSeconds: ptr(int64(0))})
 	})
 
-	t.Run("a bypass ends in an Event, a metric and an eviction", func(t *testing.T) {
+	t.Run("a bypass ends in an Event, a metric, a kill and a pod delete with grace 0", func(t *testing.T) {
 		ns := env.Namespace(t, "team")
 		g0 := hw.GPUs[0].UUID()
 		pod := gpuPod("static-binary", ns, g0+":10000", 1)
 		env.MustCreate(t, pod)
+		bindPlan(t, env, pod, g0+":10000", 0)
 		// Process 4242 lives in the pod's cgroup and uses 20 GiB behind the hook.
 		writeCgroup(t, proc, 4242, pod.UID)
 		hw.GPUs[0].Set(func(g *nvmlfake.GPU) { g.Processes = []nvml.ProcessInfo{{Pid: 4242, UsedGpuMemory: 20000 << 20}} })
@@ -229,22 +334,25 @@ func TestNodeAgent(t *testing.T) {
 		if v, err := metrics.Value(a.Registry(), "gpupack_node_bypass_detections_total", map[string]string{"kind": metrics.KindOverLimit}); err != nil || v < 1 {
 			t.Errorf("bypass detections = %v, %v", v, err)
 		}
-		env.Eventually(t, 20*time.Second, "pod evicted", func() (bool, string) {
-			p, err := env.Clientset.CoreV1().Pods(ns).Get(env.Ctx, pod.Name, metav1.GetOptions{})
+		// Deleted with grace 0, not evicted: a PodDisruptionBudget that
+		// allows no disruption does not hold it.
+		env.Eventually(t, 20*time.Second, "pod deleted", func() (bool, string) {
+			_, err := env.Clientset.CoreV1().Pods(ns).Get(env.Ctx, pod.Name, metav1.GetOptions{})
 			if apierrors.IsNotFound(err) {
 				return true, ""
 			}
-			if err != nil {
-				return false, err.Error()
-			}
-			return p.DeletionTimestamp != nil, "no deletionTimestamp"
+			return false, fmt.Sprint(err)
 		})
-		if v, _ := metrics.Value(a.Registry(), "gpupack_node_bypass_evictions_total", map[string]string{}); v != 1 {
-			t.Errorf("evictions metric = %v, want 1", v)
+		if v, _ := metrics.Value(a.Registry(), "gpupack_node_bypass_actions_total", map[string]string{"action": "delete"}); v != 1 {
+			t.Errorf("delete actions metric = %v, want 1", v)
 		}
-		env.Eventually(t, 20*time.Second, bypass.ReasonEvicted+" event", func() (bool, string) {
-			return len(events(env, ns, bypass.ReasonEvicted, pod.UID)) > 0, "none"
+		if got := opts.Killer.(*recordingKiller).pids(); len(got) == 0 || got[0] != 4242 {
+			t.Errorf("killed %v, want pid 4242", got)
+		}
+		env.Eventually(t, 20*time.Second, bypass.ReasonEnforced+" event", func() (bool, string) {
+			return len(events(env, ns, bypass.ReasonEnforced, pod.UID)) > 0, "none"
 		})
+		hw.GPUs[0].Set(func(g *nvmlfake.GPU) { g.Processes = nil })
 	})
 
 	// agent.Publish is the one-pass entry point other suites call.
@@ -290,6 +398,30 @@ func gpuPod(name, ns, devices string, gpus int64) *corev1.Pod {
 		p.Annotations[v1alpha1.AnnotationDevices] = devices
 	}
 	return p
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// recordingKiller stands in for SIGKILL.
+type recordingKiller struct {
+	mu     sync.Mutex
+	killed []uint32
+}
+
+func (k *recordingKiller) Kill(pid uint32, verify func() bool) error {
+	if !verify() {
+		return fmt.Errorf("pid %d is not the pod's", pid)
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.killed = append(k.killed, pid)
+	return nil
+}
+
+func (k *recordingKiller) pids() []uint32 {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return append([]uint32(nil), k.killed...)
 }
 
 func writeCgroup(t *testing.T, procRoot string, pid int, uid types.UID) {
