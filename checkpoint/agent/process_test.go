@@ -222,7 +222,7 @@ func TestCooperativeTrainerSavesOnSIGTERMAndExitsPreempted(t *testing.T) {
 		t.Fatalf("no verified checkpoint after the request: %v", err)
 	}
 	step := latest.Manifest.Step
-	if diff := cmp.Diff(Report{CheckpointStep: &step, VerifiedSteps: rep.VerifiedSteps, WorldSize: 1, RankSteps: map[string][]int64{"0": rep.VerifiedSteps}, Outcome: OutcomeSaved, ExitCode: ExitPreempted}, rep); diff != "" {
+	if diff := cmp.Diff(Report{CheckpointStep: &step, VerifiedSteps: rep.VerifiedSteps, WorldSize: 1, RankSteps: map[string][]int64{"0": rep.VerifiedSteps}, Outcome: OutcomeSaved, ExitCode: ExitPreempted, CommandStatus: new(int)}, rep); diff != "" {
 		t.Errorf("report (-want +got):\n%s", diff)
 	}
 	if len(rep.VerifiedSteps) == 0 || rep.VerifiedSteps[0] != step {

@@ -165,6 +165,9 @@ type Report struct {
 	// Outcome is one of the Outcome… constants.
 	Outcome  string `json:"outcome"`
 	ExitCode int    `json:"exitCode"`
+	// CommandStatus is how the command itself ended (128+N: signal N);
+	// ExitCode is the agent's verdict.
+	CommandStatus *int `json:"commandStatus,omitempty"`
 }
 
 // Outcomes of a run.

@@ -581,16 +581,26 @@ func (r *runner) finish() int {
 		deadline = time.Now().Add(r.cfg.ExitWait)
 	}
 	if r.cfg.CheckpointDir != "" {
+		// In a goroutine: a read that hangs (a dead NFS server, a FIFO)
+		// ignores the context, and the agent must still exit on time.
 		ctx, cancel := context.WithDeadline(context.Background(), deadline)
-		if st, err := r.ver.Scan(ctx, r.cfg.CheckpointDir, scanSteps); err == nil {
-			r.scans = st
-		} else if len(st) > 0 {
-			r.scans = st
+		done := make(chan []manifest.StepState, 1)
+		go func() {
+			st, _ := r.ver.Scan(ctx, r.cfg.CheckpointDir, scanSteps)
+			done <- st
+		}()
+		select {
+		case st := <-done:
+			if len(st) > 0 {
+				r.scans = st
+			}
+		case <-ctx.Done():
+			r.logf("verification-unfinished", "msg", `"reporting the steps verified so far"`)
 		}
 		cancel()
 		r.checkCheckpoint()
 	}
-	rep := Report{ExitCode: code, CheckpointStep: r.savedStep}
+	rep := Report{ExitCode: code, CommandStatus: &code, CheckpointStep: r.savedStep}
 	switch {
 	case r.savedStep != nil:
 		rep.Outcome = OutcomeSaved
