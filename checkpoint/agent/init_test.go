@@ -77,9 +77,13 @@ func TestCheckpointSignalSparesProcessesWithoutAHandler(t *testing.T) {
 	a.cmd.Process.Signal(syscall.SIGTERM)
 	a.wait(t, 30*time.Second)
 	rep := readReport(t, tlog)
-	if a.code != ExitPreempted || rep.CommandStatus == nil || *rep.CommandStatus != 0 {
-		t.Fatalf("exit %d, launcher status %v; want %d and 0 (the launcher must not die of the checkpoint signal); log:\n%s",
-			a.code, rep.CommandStatus, ExitPreempted, a.stderr)
+	status := -1
+	if rep.CommandStatus != nil {
+		status = *rep.CommandStatus
+	}
+	if a.code != ExitPreempted || status != 0 {
+		t.Fatalf("exit %d, launcher status %d; want %d and 0 (the launcher must not die of the checkpoint signal); log:\n%s",
+			a.code, status, ExitPreempted, a.stderr)
 	}
 }
 

@@ -338,6 +338,27 @@ func TestTorchrunPreemptedUnderPID1(t *testing.T) {
 	preemptAndResume(t, "pt", func(c []string) []string { return c })
 }
 
+// Only rank 1 gets the signal (a late or lost delivery): should_stop()'s
+// all-reduce makes both ranks save the same step and leave together,
+// instead of rank 1 leaving while rank 0 waits in the next all-reduce.
+func TestTorchrunRanksAgreeOnTheStopStep(t *testing.T) {
+	d := newDDPRun(t, "pt")
+	job := d.torchrun(t, d.ckdir, d.losses, 50, 1000000, "0")
+	cmd := exec.Command(d.py, append(job[1:], "--self-signal", "1:3")...)
+	cmd.Env = append(os.Environ(), "OMP_NUM_THREADS=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("torchrun: %v\n%s", err, out)
+	}
+	l := readLosses(t, d.losses)
+	if len(l.saved[0]) != 1 || len(l.saved[1]) != 1 || l.saved[0][0] != 3 || l.saved[1][0] != 3 {
+		t.Fatalf("saved steps rank 0 %v, rank 1 %v; want both [3]\n%s", l.saved[0], l.saved[1], out)
+	}
+	if g, ok, err := manifest.LatestConsistent(context.Background(), d.ckdir); err != nil || !ok || g.Step != 3 {
+		t.Fatalf("LatestConsistent = %+v %v %v, want step 3", g, ok, err)
+	}
+}
+
 func TestTorchrunInBashWrapper(t *testing.T) {
 	preemptAndResume(t, "pt", func(c []string) []string {
 		q := make([]string, len(c))

@@ -8,7 +8,9 @@ FileSystemWriter (one self-contained DCP checkpoint per rank directory).
 """
 
 import argparse
+import datetime
 import os
+import signal
 import sys
 import time
 
@@ -91,11 +93,12 @@ def main():
     p.add_argument("--save-every", type=int, default=5)
     p.add_argument("--step-time", type=float, default=0.02)
     p.add_argument("--save", choices=["pt", "dcp"], default="pt")
+    p.add_argument("--self-signal", default="", help="RANK:STEP: that rank alone gets SIGUSR1 after that step")
     a = p.parse_args()
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
     rank, world = dist.get_rank(), dist.get_world_size()
     model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)))
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -133,6 +136,8 @@ def main():
         step += 1
         out.write("%d %d %.9f\n" % (rank, step, loss.item()))
         time.sleep(a.step_time)
+        if a.self_signal and a.self_signal == "%d:%d" % (rank, step):
+            os.kill(os.getpid(), signal.SIGUSR1)
         if ck.should_stop() or step % a.save_every == 0:
             with ck.saving(step) as path:
                 save(path)
