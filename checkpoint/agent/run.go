@@ -618,8 +618,11 @@ func (r *runner) finish() int {
 		}
 	}
 	rep.VerifiedSteps, rep.WorldSize, rep.RankSteps = summarize(r.scans)
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	r.logf("exiting", "command-status", code, "outcome", rep.Outcome, "exit", rep.ExitCode,
-		"verified-steps", fmt.Sprint(rep.VerifiedSteps))
+		"verified-steps", fmt.Sprint(rep.VerifiedSteps),
+		"agent-cpu", (time.Duration(ru.Utime.Nano()) + time.Duration(ru.Stime.Nano())).Round(time.Millisecond))
 	if r.reported != nil {
 		select {
 		case err := <-r.reported:

@@ -372,3 +372,58 @@ func TestTorchrunInBashWrapper(t *testing.T) {
 func TestTorchrunDCPSave(t *testing.T) {
 	preemptAndResume(t, "dcp", func(c []string) []string { return c })
 }
+
+// TestTorchrunTimings measures (does not assert) what docs/bench/preemption.md
+// reports: SIGTERM to every rank's checkpoint verified, SIGTERM to the
+// agent's exit, and the agent's overhead on a 2-rank job (wall time with and
+// without the agent, the agent's own CPU time). Run with
+// GPUPACK_BENCH_TORCHRUN=<runs>.
+func TestTorchrunTimings(t *testing.T) {
+	runs, _ := strconv.Atoi(os.Getenv("GPUPACK_BENCH_TORCHRUN"))
+	if runs <= 0 {
+		t.Skip("a measurement; set GPUPACK_BENCH_TORCHRUN=<runs>")
+	}
+	const steps, every = 300, 20
+	for i := 0; i < runs; i++ {
+		d := newDDPRun(t, "pt")
+		// Bare torchrun, then the same job under the agent (PID 1, watching
+		// and verifying the checkpoint directory).
+		t0 := time.Now()
+		bare := exec.Command(d.py, d.torchrun(t, filepath.Join(d.dir, "bare"), filepath.Join(d.dir, "bare-losses"), steps, every, "0")[1:]...)
+		bare.Env = append(os.Environ(), "OMP_NUM_THREADS=1")
+		if out, err := bare.CombinedOutput(); err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		bareWall := time.Since(t0)
+		t0 = time.Now()
+		c := startContainer(t, e2eFlags(d.ckdir, filepath.Join(d.dir, "tlog")), nil, d.torchrun(t, d.ckdir, d.losses, steps, every, "0")...)
+		c.wait(t, 5*time.Minute)
+		agentWall := time.Since(t0)
+		t.Logf("run %d: %d steps, save every %d: bare torchrun %v, under gpupack-ckpt %v; agent %s",
+			i, steps, every, bareWall.Round(time.Millisecond), agentWall.Round(time.Millisecond), grepField(c.stderr.String(), "agent-cpu="))
+
+		// Preemption: SIGTERM in the middle of a job.
+		p := newDDPRun(t, "pt")
+		pc := startContainer(t, e2eFlags(p.ckdir, filepath.Join(p.dir, "tlog")), nil, p.torchrun(t, p.ckdir, p.losses, 100000, every, "0.02")...)
+		for deadline := time.Now().Add(60 * time.Second); len(readLosses(t, p.losses).loss[1]) < 10; time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("no training; log:\n%s", pc.stderr)
+			}
+		}
+		t0 = time.Now()
+		syscall.Kill(pc.agentPid, syscall.SIGTERM)
+		pc.wait(t, e2eGrace)
+		t.Logf("run %d: SIGTERM to all ranks' checkpoint verified %s, to agent exit %v (exit %d); agent %s", i,
+			grepField(pc.stderr.String(), "after="), pc.exitAt.Sub(t0).Round(time.Millisecond), pc.code, grepField(pc.stderr.String(), "agent-cpu="))
+	}
+}
+
+func grepField(log, key string) string {
+	for _, line := range strings.Split(log, "\n") {
+		if i := strings.Index(line, key); i >= 0 {
+			f := strings.Fields(line[i:])
+			return f[0]
+		}
+	}
+	return key + "?"
+}
