@@ -120,6 +120,9 @@ def requested_signal():
 def resume_step():
     """The step to resume from (GPUPACK_RESUME_STEP), or None when unset.
 
+    Deprecated: the value is fixed when the pod is created and may be stale
+    or pruned; Checkpointer.resume() takes the step from the disk instead.
+
     Raises ValueError for a value that is not a non-negative integer: a
     mistyped resume step must not silently restart from scratch.
     """
