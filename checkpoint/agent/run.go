@@ -476,10 +476,13 @@ func ParseRequest(v string) (requestBound, error) {
 	}
 	if raw.TimeoutSeconds != nil {
 		s := *raw.TimeoutSeconds
-		if s <= 0 || s > 1<<31 {
-			// A zero or negative bound would skip the checkpoint entirely:
-			// treat as "now", which is what the policy asked for.
+		switch {
+		case s <= 0:
+			// "No time at all" is what the policy asked for: escalate at
+			// once (a tiny positive bound, so it is still a bound).
 			s = 0.001
+		case s > 1<<31:
+			s = 1 << 31 // no tighter than the agent's own timeout anyway
 		}
 		b.Timeout = time.Duration(s * float64(time.Second))
 	}
