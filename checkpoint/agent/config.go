@@ -12,9 +12,20 @@ import (
 	"time"
 )
 
-// Exit codes of gpupack-ckpt. Otherwise it exits with the trainer's own
-// status (128+N when the trainer died of signal N), like a shell.
+// Exit codes of gpupack-ckpt. Without a request it exits with the
+// command's own status (128+N when it died of signal N), like a shell.
 const (
+	// ExitPreempted: a checkpoint was requested and a new gang-consistent
+	// checkpoint verified; the command and everything it started are gone.
+	// Non-zero so a preempted job is never Succeeded; >= 128 so Kubeflow's
+	// restartPolicy ExitCode retries it; above 128+64 so it is no signal's
+	// status. A batch Job's podFailurePolicy can match it (action Ignore)
+	// so a preemption does not count against backoffLimit.
+	ExitPreempted = 200
+	// ExitPreemptedNoCheckpoint: a checkpoint was requested, none verified
+	// in time, and the command exited 0 anyway. (A non-zero status of the
+	// command is passed through.)
+	ExitPreemptedNoCheckpoint = 201
 	// ExitKilled: the trainer did not exit after the checkpoint signal and
 	// SIGTERM, and the agent SIGKILLed it before the grace period ended.
 	ExitKilled = 124
@@ -74,24 +85,35 @@ type Config struct {
 	Reporter StepReporter
 	// Log receives one line per decision.
 	Log io.Writer
+	// ProcDir is where processes are listed; empty: /proc.
+	ProcDir string
+	// Init: the agent is the container's init (gpupack-ckpt sets it): it
+	// becomes a child subreaper unless it is PID 1, reaps every child,
+	// signals every process below it and exits only when all are gone.
+	// Without it (Run called inside a bigger program, as tests do) it
+	// waits for and signals only the command and its descendants.
+	Init bool
 }
 
 // ParseArgs reads "gpupack-ckpt [flags] -- CMD ARGS…".
 func ParseArgs(args []string, stderr io.Writer) (Config, error) {
-	cfg := Config{Log: stderr}
+	cfg := Config{Log: stderr, Init: true}
 	fs := flag.NewFlagSet("gpupack-ckpt", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: gpupack-ckpt [flags] -- CMD [ARGS...]\n\n"+
-			"Runs CMD in its own process group. On SIGTERM or when the pod annotation\n"+
-			"gpupack.io/checkpoint-request appears, sends CMD the checkpoint signal, waits\n"+
-			"for a new verified checkpoint, then SIGTERM, then SIGKILL before the grace\n"+
-			"period ends. Exit status: CMD's, or %d killed after timeout, %d agent error,\n"+
-			"%d not executable, %d not found.\n\nflags:\n", ExitKilled, ExitAgentError, ExitNotExecutable, ExitNotFound)
+			"Runs CMD as the container's init. On SIGTERM or when the pod annotation\n"+
+			"gpupack.io/checkpoint-request appears, sends the checkpoint signal to every\n"+
+			"process that handles it, waits for a new checkpoint every rank's manifest\n"+
+			"verifies, then SIGTERM, then SIGKILL to all before the grace period ends,\n"+
+			"and exits when all are gone. Exit status: CMD's without a request, else\n"+
+			"%d preempted after a checkpoint, %d preempted without one (CMD exited 0),\n"+
+			"%d killed after timeout; %d agent error, %d not executable, %d not found.\n\nflags:\n",
+			ExitPreempted, ExitPreemptedNoCheckpoint, ExitKilled, ExitAgentError, ExitNotExecutable, ExitNotFound)
 		fs.PrintDefaults()
 	}
 	sig := fs.String("checkpoint-signal", SignalName(DefaultCheckpointSignal), "signal asking the trainer to checkpoint (name or number)")
-	fs.DurationVar(&cfg.CheckpointTimeout, "checkpoint-timeout", DefaultCheckpointTimeout, "how long to wait for a new verified checkpoint")
+	fs.DurationVar(&cfg.CheckpointTimeout, "checkpoint-timeout", DefaultCheckpointTimeout, "how long to wait for a new verified checkpoint (a request's own deadline can only shorten it)")
 	fs.StringVar(&cfg.CheckpointDir, "checkpoint-dir", "", "directory the trainer saves checkpoints in (gpupack manifest format)")
 	fs.DurationVar(&cfg.Grace, "grace", DefaultGrace, "the pod's termination grace period")
 	fs.DurationVar(&cfg.KillMargin, "kill-margin", DefaultKillMargin, "SIGKILL the trainer this long before the grace period ends")

@@ -198,7 +198,7 @@ func mustAbs(t *testing.T, p string) string {
 	return a
 }
 
-func TestCooperativeTrainerSavesOnSIGTERMAndExitsZero(t *testing.T) {
+func TestCooperativeTrainerSavesOnSIGTERMAndExitsPreempted(t *testing.T) {
 	py := python(t)
 	dir := t.TempDir()
 	ckdir, tlog, ev := filepath.Join(dir, "ckpt"), filepath.Join(dir, "termination-log"), filepath.Join(dir, "events")
@@ -213,8 +213,8 @@ func TestCooperativeTrainerSavesOnSIGTERMAndExitsZero(t *testing.T) {
 	}
 	a.wait(t, 40*time.Second)
 
-	if a.code != 0 {
-		t.Fatalf("exit %d, want 0; log:\n%s", a.code, a.stderr)
+	if a.code != ExitPreempted {
+		t.Fatalf("exit %d, want %d (preempted: a job that exits 0 is Succeeded); log:\n%s", a.code, ExitPreempted, a.stderr)
 	}
 	rep := readReport(t, tlog)
 	latest, ok, err := manifest.Latest(ckdir)
@@ -222,7 +222,7 @@ func TestCooperativeTrainerSavesOnSIGTERMAndExitsZero(t *testing.T) {
 		t.Fatalf("no verified checkpoint after the request: %v", err)
 	}
 	step := latest.Manifest.Step
-	if diff := cmp.Diff(Report{CheckpointStep: &step, VerifiedSteps: rep.VerifiedSteps, Outcome: OutcomeSaved, ExitCode: 0}, rep); diff != "" {
+	if diff := cmp.Diff(Report{CheckpointStep: &step, VerifiedSteps: rep.VerifiedSteps, WorldSize: 1, RankSteps: map[string][]int64{"0": rep.VerifiedSteps}, Outcome: OutcomeSaved, ExitCode: ExitPreempted, CommandStatus: new(int)}, rep); diff != "" {
 		t.Errorf("report (-want +got):\n%s", diff)
 	}
 	if len(rep.VerifiedSteps) == 0 || rep.VerifiedSteps[0] != step {
@@ -322,8 +322,8 @@ func TestAnnotationRequestReportsStep(t *testing.T) {
 	case <-time.After(40 * time.Second):
 		t.Fatalf("agent did not finish; log:\n%s", cfg.Log)
 	}
-	if code != 0 {
-		t.Fatalf("exit %d, want 0; log:\n%s", code, cfg.Log)
+	if code != ExitPreempted {
+		t.Fatalf("exit %d, want %d; log:\n%s", code, ExitPreempted, cfg.Log)
 	}
 	latest, ok, _ := manifest.Latest(ckdir)
 	if !ok {

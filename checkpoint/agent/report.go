@@ -150,12 +150,24 @@ type Report struct {
 	// CheckpointStep is the step of the new verified checkpoint saved after
 	// the request; absent when there was none.
 	CheckpointStep *int64 `json:"checkpointStep,omitempty"`
-	// VerifiedSteps are the verified steps in the checkpoint directory when
-	// the agent exited, newest first (at most 16).
+	// VerifiedSteps are the gang-consistent steps (every rank's manifest
+	// verified) among the newest steps of the checkpoint directory when the
+	// agent exited, newest first (at most 4).
 	VerifiedSteps []int64 `json:"verifiedSteps,omitempty"`
+	// WorldSize is the number of ranks of those steps.
+	WorldSize int `json:"worldSize,omitempty"`
+	// RankSteps are, per rank (decimal), the steps whose manifest for that
+	// rank verified, newest first: which rank is missing from a torn step.
+	RankSteps map[string][]int64 `json:"rankSteps,omitempty"`
+	// RankStepsTruncated: RankSteps was left out to fit the 4096-byte
+	// termination message.
+	RankStepsTruncated bool `json:"rankStepsTruncated,omitempty"`
 	// Outcome is one of the Outcome… constants.
 	Outcome  string `json:"outcome"`
 	ExitCode int    `json:"exitCode"`
+	// CommandStatus is how the command itself ended (128+N: signal N);
+	// ExitCode is the agent's verdict.
+	CommandStatus *int `json:"commandStatus,omitempty"`
 }
 
 // Outcomes of a run.

@@ -1,17 +1,25 @@
 // Package agent is gpupack-ckpt, the in-pod supervisor that turns an
-// eviction into "checkpoint, then stop":
+// eviction into "checkpoint, then stop". It is meant to be the container's
+// PID 1 (or, when it is not, it makes itself a child subreaper), so every
+// process of the container is below it:
 //
 //	request (SIGTERM to the agent, or gpupack.io/checkpoint-request in the
 //	downward-API annotations file) at T0
-//	→ checkpoint signal to the trainer's process group
-//	→ wait until a new checkpoint verifies, the trainer exits, or
-//	  T0 + checkpoint timeout
-//	→ (new checkpoint: report its step; give the trainer ExitWait to exit)
-//	→ SIGTERM to the group
-//	→ SIGKILL to the group at T0 + grace − kill margin
+//	→ checkpoint signal to every process of the container that has a
+//	  handler for it (re-sent to processes that install one later); a
+//	  launcher that does not handle it (torchrun, bash, a spawned DataLoader
+//	  worker) is not killed by it
+//	→ wait until a new gang-consistent checkpoint verifies (every rank's
+//	  manifest, hashed in the background), or T0 + checkpoint timeout (the
+//	  smaller of --checkpoint-timeout and the request's own bound)
+//	→ (new checkpoint: report its step; give the processes ExitWait to exit)
+//	→ SIGTERM to every process
+//	→ SIGKILL to every process at T0 + grace − kill margin
+//	→ exit once every descendant is gone: ExitPreempted after a checkpoint.
 //
-// Every other signal the agent gets is forwarded to the group. The report
-// (step, outcome) goes to the pod annotation gpupack.io/checkpoint-step and
+// Other signals the agent gets are forwarded to the command's process
+// group. The agent reaps every process that ends up its child. The report
+// (steps, outcome) goes to the pod annotation gpupack.io/checkpoint-step and
 // to the termination message. Deadlines are counted from the request, so a
 // later graceful delete (whose grace starts later) is always met.
 package agent
@@ -25,7 +33,8 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"path/filepath"
+	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -34,15 +43,22 @@ import (
 	"github.com/gpupack/gpupack/checkpoint/manifest"
 )
 
-// forwarded are the signals passed on to the trainer's group as they are.
-// SIGTERM is not among them: it is a checkpoint request.
+// forwarded are the signals passed on to the command's process group as
+// they are. SIGTERM is not among them: it is a checkpoint request.
 var forwarded = []os.Signal{
 	syscall.SIGHUP, syscall.SIGINT, syscall.SIGQUIT, syscall.SIGUSR1,
 	syscall.SIGUSR2, syscall.SIGWINCH, syscall.SIGCONT, syscall.SIGALRM,
 }
 
-type childExit struct {
-	status syscall.WaitStatus
+// scanSteps is how many of the newest steps the background verifier keeps
+// checked (and the report lists).
+const scanSteps = 4
+
+// procEvent is one reaped child, or (allGone) the end of all of them.
+type procEvent struct {
+	pid     int
+	status  syscall.WaitStatus
+	allGone bool
 }
 
 // Run supervises cfg.Command and returns the exit status.
@@ -50,22 +66,38 @@ func Run(cfg Config) int {
 	if cfg.Log == nil {
 		cfg.Log = io.Discard
 	}
-	r := &runner{cfg: cfg, ver: &manifest.Verifier{}}
+	if cfg.ProcDir == "" {
+		cfg.ProcDir = "/proc"
+	}
+	r := &runner{cfg: cfg, ver: &manifest.Verifier{}, signalled: map[int]bool{}}
 	return r.run()
 }
 
 type runner struct {
 	cfg  Config
 	ver  *manifest.Verifier
+	pid1 bool
+	self int
 	pgid int
+
+	mainDone   bool
+	mainStatus syscall.WaitStatus
 
 	requested   bool
 	requestAt   time.Time
-	baseline    string // manifest ID of the newest verified checkpoint at the request
+	termAtBound time.Time // T0 + effective checkpoint timeout
+	baseline    map[string]bool
+	signalled   map[int]bool // pids the checkpoint signal was sent to
 	savedStep   *int64
 	termSent    bool
 	killSent    bool
 	exitWaitEnd time.Time
+	// drainAt: the command exited without a request but left processes;
+	// they get SIGTERM at once and SIGKILL at drainAt.
+	drainAt time.Time
+
+	scans    []manifest.StepState
+	reported chan error
 }
 
 func (r *runner) logf(event string, kv ...any) {
@@ -83,6 +115,14 @@ func (r *runner) run() int {
 	sigCh := make(chan os.Signal, 16)
 	signal.Notify(sigCh, append([]os.Signal{syscall.SIGTERM}, forwarded...)...)
 	defer signal.Stop(sigCh)
+
+	r.self = os.Getpid()
+	r.pid1 = r.self == 1 && r.cfg.Init
+	if !r.pid1 && r.cfg.Init {
+		if err := becomeSubreaper(); err != nil {
+			r.logf("subreaper-failed", "error", fmt.Sprintf("%q", err.Error()))
+		}
+	}
 
 	path, err := exec.LookPath(r.cfg.Command[0])
 	if err != nil {
@@ -105,9 +145,23 @@ func (r *runner) run() int {
 		return ExitAgentError
 	}
 	r.pgid = proc.Pid
-	r.logf("started", "pid", proc.Pid)
-	exitCh := make(chan childExit, 1)
-	go reap(proc.Pid, exitCh)
+	r.logf("started", "pid", proc.Pid, "pid1", r.pid1)
+	procCh := make(chan procEvent, 64)
+	if r.cfg.Init {
+		go reap(-1, procCh)
+	} else {
+		r.self = proc.Pid // signal the command's tree only
+		go reap(proc.Pid, procCh)
+	}
+
+	// Checkpoints are verified in the background: hashing never holds up a
+	// signal or a deadline.
+	scanCtx, stopScan := context.WithCancel(context.Background())
+	defer stopScan()
+	scanCh := make(chan []manifest.StepState, 1)
+	if r.cfg.CheckpointDir != "" {
+		go r.scanLoop(scanCtx, scanCh)
+	}
 
 	poll := time.NewTicker(r.cfg.Poll)
 	defer poll.Stop()
@@ -123,17 +177,32 @@ func (r *runner) run() int {
 			timer = t.C
 		}
 		select {
-		case ex := <-exitCh:
-			return r.finish(ex.status)
+		case ev := <-procCh:
+			if ev.allGone {
+				if t != nil {
+					t.Stop()
+				}
+				stopScan()
+				return r.finish()
+			}
+			if ev.pid == proc.Pid {
+				r.mainExited(ev.status)
+			}
 		case s := <-sigCh:
 			if s == syscall.SIGTERM {
-				r.request("SIGTERM")
+				r.request("SIGTERM", requestBound{})
 			} else {
-				r.signal(s.(syscall.Signal))
+				r.forward(s.(syscall.Signal))
 			}
+		case st := <-scanCh:
+			r.scans = st
+			r.checkCheckpoint()
 		case <-poll.C:
 			r.checkAnnotation()
-			r.checkCheckpoint()
+			r.redeliver()
+			if r.killSent && !r.pid1 {
+				r.signalAll(syscall.SIGKILL, true) // a fork that raced the first SIGKILL
+			}
 		case <-timer:
 		}
 		if t != nil {
@@ -143,60 +212,208 @@ func (r *runner) run() int {
 	}
 }
 
-// reap waits for the trainer. As PID 1 (the agent is often the container's
-// entrypoint) it also reaps orphans the trainer leaves behind, which would
-// otherwise stay zombies.
-func reap(pid int, out chan<- childExit) {
-	waitFor := pid
-	if os.Getpid() == 1 {
-		waitFor = -1
-	}
+// reap waits for every child of the agent (which, -1): the command and,
+// as PID 1 or subreaper, every orphan below it. ECHILD means none is left.
+// With which > 0 only that child is waited for.
+func reap(which int, out chan<- procEvent) {
 	for {
 		var ws syscall.WaitStatus
-		got, err := syscall.Wait4(waitFor, &ws, 0, nil)
+		pid, err := syscall.Wait4(which, &ws, 0, nil)
 		if errors.Is(err, syscall.EINTR) {
 			continue
 		}
 		if err != nil {
-			// ECHILD: nothing left to wait for; report what we know.
-			out <- childExit{status: ws}
+			out <- procEvent{allGone: true}
 			return
 		}
-		if got == pid {
-			out <- childExit{status: ws}
+		out <- procEvent{pid: pid, status: ws}
+	}
+}
+
+func (r *runner) scanLoop(ctx context.Context, out chan []manifest.StepState) {
+	for {
+		st, err := r.ver.Scan(ctx, r.cfg.CheckpointDir, scanSteps)
+		if ctx.Err() != nil {
 			return
+		}
+		if err == nil {
+			select {
+			case <-out: // drop the stale result
+			default:
+			}
+			out <- st
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(r.cfg.Poll):
 		}
 	}
 }
 
-func (r *runner) signal(s syscall.Signal) {
+func (r *runner) mainExited(ws syscall.WaitStatus) {
+	r.mainDone, r.mainStatus = true, ws
+	r.logf("command-exited", "status", statusCode(ws))
+	if !r.requested && r.drainAt.IsZero() {
+		// Without a request the command's end is the container's end; what
+		// it left behind gets SIGTERM, then SIGKILL after ExitWait.
+		r.drainAt = time.Now().Add(r.cfg.ExitWait)
+		r.signalAll(syscall.SIGTERM, false)
+	}
+}
+
+func statusCode(ws syscall.WaitStatus) int {
+	if ws.Signaled() {
+		return 128 + int(ws.Signal())
+	}
+	return ws.ExitStatus()
+}
+
+// forward passes a signal to the command's process group.
+func (r *runner) forward(s syscall.Signal) {
 	if err := syscall.Kill(-r.pgid, s); err != nil && !errors.Is(err, syscall.ESRCH) {
 		r.logf("signal-failed", "signal", SignalName(s), "error", fmt.Sprintf("%q", err.Error()))
 		return
 	}
-	r.logf("signal-sent", "signal", SignalName(s))
+	r.logf("signal-sent", "signal", SignalName(s), "to", "group")
 }
 
-func (r *runner) request(source string) {
-	if r.requested {
+// targets are the processes the agent signals: every process of the pid
+// namespace as PID 1, else every descendant.
+func (r *runner) targets() ([]procInfo, error) {
+	ps, err := descendants(r.cfg.ProcDir, r.self, r.pid1)
+	if !r.cfg.Init && !r.mainDone && err == nil {
+		ps = append([]procInfo{{pid: r.pgid, pgrp: r.pgid}}, ps...)
+	}
+	return ps, err
+}
+
+// signalAll sends s to every process below the agent (and to the command's
+// group, which covers a fork racing the /proc walk).
+func (r *runner) signalAll(s syscall.Signal, quiet bool) {
+	n := 0
+	if r.pid1 {
+		// kill(-1) as PID 1 reaches every process of the namespace but 1.
+		if err := syscall.Kill(-1, s); err == nil {
+			n = -1
+		}
+	} else {
+		pids, err := r.targets()
+		if err != nil {
+			r.logf("proc-unreadable", "error", fmt.Sprintf("%q", err.Error()))
+		}
+		// The command's group in one call (no fork in it can slip past),
+		// then every descendant outside it (setsid'd workers, orphans).
+		if syscall.Kill(-r.pgid, s) == nil {
+			n++
+		}
+		for _, p := range pids {
+			if p.pgrp != r.pgid && syscall.Kill(p.pid, s) == nil {
+				n++
+			}
+		}
+	}
+	if !quiet {
+		r.logf("signal-sent", "signal", SignalName(s), "to", "all", "processes", n)
+	}
+}
+
+// deliverCheckpoint sends the checkpoint signal to every process that has
+// a handler for it and was not sent it yet.
+func (r *runner) deliverCheckpoint() {
+	pids, err := r.targets()
+	if err != nil {
+		// No /proc: fall back to the command's process group.
+		r.logf("proc-unreadable", "error", fmt.Sprintf("%q", err.Error()))
+		r.forward(r.cfg.CheckpointSignal)
 		return
 	}
-	r.requested = true
-	r.requestAt = time.Now()
-	if r.cfg.CheckpointDir != "" {
-		// Unverified on purpose: hashing a large checkpoint here would eat
-		// the grace period. A new checkpoint is one with another manifest.
-		r.baseline, _ = manifest.NewestID(r.cfg.CheckpointDir)
+	var sent, skipped []int
+	for _, pi := range pids {
+		p := pi.pid
+		if r.signalled[p] {
+			continue
+		}
+		ok, err := catches(r.cfg.ProcDir, p, r.cfg.CheckpointSignal)
+		if err != nil || !ok {
+			skipped = append(skipped, p)
+			continue
+		}
+		if err := syscall.Kill(p, r.cfg.CheckpointSignal); err == nil {
+			r.signalled[p] = true
+			sent = append(sent, p)
+		}
 	}
-	r.logf("checkpoint-requested", "source", source, "timeout", r.cfg.CheckpointTimeout, "grace", r.cfg.Grace)
-	if r.cfg.CheckpointTimeout >= r.cfg.Grace-r.cfg.KillMargin {
-		r.logf("warning", "msg", fmt.Sprintf("%q", "checkpoint timeout does not fit in the grace period; the kill deadline comes first"))
+	if len(sent) > 0 || len(r.signalled) == 0 {
+		r.logf("signal-sent", "signal", SignalName(r.cfg.CheckpointSignal), "pids", joinInts(sent), "not-handling", joinInts(skipped))
 	}
-	r.signal(r.cfg.CheckpointSignal)
+}
+
+// redeliver reaches processes that installed their handler after the
+// request (a worker still importing torch at T0).
+func (r *runner) redeliver() {
+	if r.requested && !r.termSent && r.savedStep == nil {
+		r.deliverCheckpoint()
+	}
+}
+
+func joinInts(v []int) string {
+	if len(v) == 0 {
+		return "-"
+	}
+	s := make([]string, len(v))
+	for i, n := range v {
+		s[i] = strconv.Itoa(n)
+	}
+	return strings.Join(s, ",")
+}
+
+// requestBound is what a checkpoint request says about its own deadline.
+type requestBound struct {
+	Deadline time.Time     // absolute; zero: none
+	Timeout  time.Duration // relative to when the agent sees it; 0: none
+}
+
+func (r *runner) request(source string, b requestBound) {
+	now := time.Now()
+	if !r.requested {
+		r.requested = true
+		r.requestAt = now
+		r.termAtBound = now.Add(r.cfg.CheckpointTimeout)
+		if r.cfg.CheckpointDir != "" {
+			// Manifests only, unverified: hashing here would eat the grace
+			// period. A new checkpoint has a manifest not seen now.
+			r.baseline = manifest.ManifestIDs(r.cfg.CheckpointDir)
+		}
+		r.logf("checkpoint-requested", "source", source, "timeout", r.cfg.CheckpointTimeout, "grace", r.cfg.Grace)
+		if r.cfg.CheckpointTimeout >= r.cfg.Grace-r.cfg.KillMargin {
+			r.logf("warning", "msg", fmt.Sprintf("%q", "checkpoint timeout does not fit in the grace period; the kill deadline comes first"))
+		}
+		r.deliverCheckpoint()
+	}
+	// The request's own bound (cluster policy) only ever shortens the wait.
+	bound := r.termAtBound
+	if b.Timeout > 0 {
+		bound = minTime(bound, now.Add(b.Timeout))
+	}
+	if !b.Deadline.IsZero() {
+		bound = minTime(bound, b.Deadline)
+	}
+	if bound.Before(r.termAtBound) {
+		r.termAtBound = bound
+		r.logf("checkpoint-deadline", "source", "request", "timeout", bound.Sub(r.requestAt).Round(time.Millisecond))
+	}
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
 
 func (r *runner) checkAnnotation() {
-	if r.requested || r.cfg.AnnotationsFile == "" {
+	if r.cfg.AnnotationsFile == "" || (r.requested && r.termSent) {
 		return
 	}
 	f, err := os.Open(r.cfg.AnnotationsFile)
@@ -211,40 +428,108 @@ func (r *runner) checkAnnotation() {
 		r.logf("annotations-unreadable", "error", fmt.Sprintf("%q", err.Error()))
 		return
 	}
-	if v := ann[v1alpha1.AnnotationCheckpointRequest]; v != "" {
-		r.request(v1alpha1.AnnotationCheckpointRequest + "=" + v)
+	v := ann[v1alpha1.AnnotationCheckpointRequest]
+	if v == "" {
+		return
 	}
+	b, err := ParseRequest(v)
+	if err != nil {
+		r.logf("request-unparsed", "error", fmt.Sprintf("%q", err.Error()))
+	}
+	src := v1alpha1.AnnotationCheckpointRequest
+	if !r.requested {
+		src += "=" + strconv.Quote(v)
+	}
+	r.request(src, b)
 }
 
-// checkCheckpoint looks for a new verified checkpoint after a request.
+// ParseRequest reads the value of gpupack.io/checkpoint-request. Two forms:
+//
+//	2026-12-01T20:41:00Z                       (the time of the request; no bound)
+//	{"requestedAt":"…","deadline":"2026-12-01T20:46:00Z","timeoutSeconds":300}
+//
+// In the JSON form, deadline (RFC 3339) and timeoutSeconds (counted from
+// when the agent sees the request) are each optional; the agent waits for a
+// checkpoint until the earliest of them and its own --checkpoint-timeout,
+// so the request (cluster policy) can shorten the wait, never lengthen it.
+// Unknown fields are ignored. Any non-empty value is a request; an error
+// says only that its bound could not be read.
+func ParseRequest(v string) (requestBound, error) {
+	v = strings.TrimSpace(v)
+	if !strings.HasPrefix(v, "{") {
+		return requestBound{}, nil
+	}
+	var raw struct {
+		Deadline       string   `json:"deadline"`
+		TimeoutSeconds *float64 `json:"timeoutSeconds"`
+	}
+	if err := json.Unmarshal([]byte(v), &raw); err != nil {
+		return requestBound{}, fmt.Errorf("checkpoint request %q: %w", v, err)
+	}
+	var b requestBound
+	if raw.Deadline != "" {
+		t, err := time.Parse(time.RFC3339Nano, raw.Deadline)
+		if err != nil {
+			return requestBound{}, fmt.Errorf("checkpoint request deadline %q is not RFC 3339", raw.Deadline)
+		}
+		b.Deadline = t
+	}
+	if raw.TimeoutSeconds != nil {
+		s := *raw.TimeoutSeconds
+		switch {
+		case s <= 0:
+			// "No time at all" is what the policy asked for: escalate at
+			// once (a tiny positive bound, so it is still a bound).
+			s = 0.001
+		case s > 1<<31:
+			s = 1 << 31 // no tighter than the agent's own timeout anyway
+		}
+		b.Timeout = time.Duration(s * float64(time.Second))
+	}
+	return b, nil
+}
+
+// checkCheckpoint looks, in the latest background scan, for a gang-
+// consistent checkpoint that was not there at the request.
 func (r *runner) checkCheckpoint() {
 	if !r.requested || r.savedStep != nil || r.cfg.CheckpointDir == "" {
 		return
 	}
-	cp, ok, err := r.ver.Latest(r.cfg.CheckpointDir)
-	if err != nil || !ok || cp.ID == r.baseline {
+	for _, st := range r.scans {
+		g, ok := st.Gang()
+		if !ok || !r.isNew(g) {
+			continue
+		}
+		step := g.Step
+		r.savedStep = &step
+		r.exitWaitEnd = time.Now().Add(r.cfg.ExitWait)
+		r.logf("checkpoint-verified", "step", step, "ranks", g.WorldSize, "after", time.Since(r.requestAt).Round(time.Millisecond))
+		if r.cfg.Reporter != nil {
+			r.reported = make(chan error, 1)
+			go func(ch chan<- error) {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				ch <- r.cfg.Reporter.ReportStep(ctx, step)
+			}(r.reported)
+		}
 		return
 	}
-	step := cp.Manifest.Step
-	r.savedStep = &step
-	r.exitWaitEnd = time.Now().Add(r.cfg.ExitWait)
-	r.logf("checkpoint-verified", "step", step, "dir", cp.Dir)
-	if r.cfg.Reporter != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := r.cfg.Reporter.ReportStep(ctx, step); err != nil {
-			r.logf("report-failed", "error", fmt.Sprintf("%q", err.Error()))
-		} else {
-			r.logf("step-reported", "step", step)
+}
+
+func (r *runner) isNew(g manifest.Gang) bool {
+	for _, id := range g.IDs() {
+		if !r.baseline[id] {
+			return true
 		}
 	}
+	return false
 }
 
 func (r *runner) termAt() time.Time {
 	if r.savedStep != nil {
-		return r.exitWaitEnd
+		return minTime(r.exitWaitEnd, r.killAt())
 	}
-	return r.requestAt.Add(r.cfg.CheckpointTimeout)
+	return r.termAtBound
 }
 
 func (r *runner) killAt() time.Time {
@@ -253,7 +538,12 @@ func (r *runner) killAt() time.Time {
 
 func (r *runner) nextDeadline() (time.Time, bool) {
 	switch {
-	case !r.requested || r.killSent:
+	case !r.requested:
+		if !r.drainAt.IsZero() && !r.killSent {
+			return r.drainAt, true
+		}
+		return time.Time{}, false
+	case r.killSent:
 		return time.Time{}, false
 	case !r.termSent:
 		if t := r.termAt(); t.Before(r.killAt()) {
@@ -265,75 +555,116 @@ func (r *runner) nextDeadline() (time.Time, bool) {
 
 func (r *runner) escalate(now time.Time) {
 	if !r.requested {
+		if !r.drainAt.IsZero() && !r.killSent && !now.Before(r.drainAt) {
+			r.killSent = true
+			r.signalAll(syscall.SIGKILL, false)
+		}
 		return
 	}
 	if !r.termSent && !now.Before(r.termAt()) {
 		r.termSent = true
-		if r.savedStep == nil {
-			r.checkCheckpoint() // a save that finished just now still counts
-		}
-		r.signal(syscall.SIGTERM)
+		r.signalAll(syscall.SIGTERM, false)
 	}
 	if !r.killSent && !now.Before(r.killAt()) {
 		r.killSent = true
-		r.signal(syscall.SIGKILL)
+		r.signalAll(syscall.SIGKILL, false)
 	}
 }
 
-func (r *runner) finish(ws syscall.WaitStatus) int {
-	code := ws.ExitStatus()
-	if ws.Signaled() {
-		code = 128 + int(ws.Signal())
+// finish runs once every process below the agent is gone.
+func (r *runner) finish() int {
+	code := statusCode(r.mainStatus)
+	killed := r.mainStatus.Signaled() && r.mainStatus.Signal() == syscall.SIGKILL && r.killSent
+	// A last look, bounded: a save that finished between two scans counts,
+	// and the report lists every rank's verified steps.
+	var deadline time.Time
+	if r.requested {
+		deadline = r.killAt().Add(r.cfg.KillMargin / 2)
+	} else {
+		deadline = time.Now().Add(r.cfg.ExitWait)
 	}
-	if r.requested && r.savedStep == nil {
-		r.checkCheckpoint() // saved and exited between two polls
+	if r.cfg.CheckpointDir != "" {
+		// In a goroutine: a read that hangs (a dead NFS server, a FIFO)
+		// ignores the context, and the agent must still exit on time.
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		done := make(chan []manifest.StepState, 1)
+		go func() {
+			st, _ := r.ver.Scan(ctx, r.cfg.CheckpointDir, scanSteps)
+			done <- st
+		}()
+		select {
+		case st := <-done:
+			if len(st) > 0 {
+				r.scans = st
+			}
+		case <-ctx.Done():
+			r.logf("verification-unfinished", "msg", `"reporting the steps verified so far"`)
+		}
+		cancel()
+		r.checkCheckpoint()
 	}
-	rep := Report{ExitCode: code, CheckpointStep: r.savedStep}
+	rep := Report{ExitCode: code, CommandStatus: &code, CheckpointStep: r.savedStep}
 	switch {
 	case r.savedStep != nil:
 		rep.Outcome = OutcomeSaved
+		rep.ExitCode = ExitPreempted
 	case !r.requested:
 		rep.Outcome = OutcomeExited
-	case ws.Signaled() && ws.Signal() == syscall.SIGKILL && r.killSent:
+	case killed:
 		rep.Outcome = OutcomeKilled
+		rep.ExitCode = ExitKilled
 	default:
 		rep.Outcome = OutcomeTimedOut
-	}
-	if ws.Signaled() && ws.Signal() == syscall.SIGKILL && r.killSent {
-		rep.ExitCode = ExitKilled
-	}
-	r.logf("trainer-exited", "status", code, "outcome", rep.Outcome, "exit", rep.ExitCode)
-	// Write the report at once, then again with the other verified steps
-	// (for the coordinator's "every rank has it" check) while the grace
-	// period leaves time to hash them.
-	r.writeReport(rep)
-	if r.cfg.CheckpointDir != "" {
-		steps := r.verifiedSteps(4)
-		if len(steps) > 0 {
-			rep.VerifiedSteps = steps
-			r.writeReport(rep)
+		if rep.ExitCode == 0 {
+			// A preempted job is never Succeeded, checkpoint or not.
+			rep.ExitCode = ExitPreemptedNoCheckpoint
 		}
 	}
+	rep.VerifiedSteps, rep.WorldSize, rep.RankSteps = summarize(r.scans)
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	r.logf("exiting", "command-status", code, "outcome", rep.Outcome, "exit", rep.ExitCode,
+		"verified-steps", fmt.Sprint(rep.VerifiedSteps),
+		"agent-cpu", (time.Duration(ru.Utime.Nano()) + time.Duration(ru.Stime.Nano())).Round(time.Millisecond))
+	if r.reported != nil {
+		select {
+		case err := <-r.reported:
+			if err != nil {
+				r.logf("report-failed", "error", fmt.Sprintf("%q", err.Error()))
+			} else {
+				r.logf("step-reported", "step", *r.savedStep)
+			}
+		case <-time.After(time.Until(deadline)):
+			r.logf("report-failed", "error", `"annotation patch still running at the deadline"`)
+		}
+	}
+	r.writeReport(rep)
 	return rep.ExitCode
 }
 
-// verifiedSteps lists up to limit verified steps, newest first, stopping
-// early when a request's kill deadline has come.
-func (r *runner) verifiedSteps(limit int) []int64 {
-	steps, err := manifest.Steps(r.cfg.CheckpointDir)
-	if err != nil {
-		return nil
-	}
-	var out []int64
-	for _, s := range steps {
-		if len(out) == limit || (r.requested && !time.Now().Before(r.killAt())) {
-			break
+// summarize turns scans into the report's consistent steps, the world size
+// and each rank's verified steps (newest first).
+func summarize(scans []manifest.StepState) (consistent []int64, world int, ranks map[string][]int64) {
+	ranks = map[string][]int64{}
+	for _, st := range scans {
+		if st.Consistent() {
+			consistent = append(consistent, st.Step)
+			world = max(world, st.WorldSize)
 		}
-		if _, err := r.ver.Verify(filepath.Join(r.cfg.CheckpointDir, manifest.StepDirName(s))); err == nil {
-			out = append(out, s)
+		rs := make([]int, 0, len(st.Verified))
+		for rk := range st.Verified {
+			rs = append(rs, rk)
+		}
+		sort.Ints(rs)
+		for _, rk := range rs {
+			k := strconv.Itoa(rk)
+			ranks[k] = append(ranks[k], st.Step)
 		}
 	}
-	return out
+	if len(ranks) == 0 {
+		ranks = nil
+	}
+	return consistent, world, ranks
 }
 
 func (r *runner) writeReport(rep Report) {
@@ -341,7 +672,17 @@ func (r *runner) writeReport(rep Report) {
 		return
 	}
 	b, _ := json.Marshal(rep)
+	if len(b) > maxReportBytes {
+		// The kubelet keeps 4096 bytes of a termination message: drop the
+		// per-rank detail rather than the verdict.
+		rep.RankSteps = nil
+		rep.RankStepsTruncated = true
+		b, _ = json.Marshal(rep)
+	}
 	if err := os.WriteFile(r.cfg.TerminationLog, b, 0o644); err != nil {
 		r.logf("termination-log-failed", "error", fmt.Sprintf("%q", err.Error()))
 	}
 }
+
+// maxReportBytes is the kubelet's termination message limit.
+const maxReportBytes = 4096

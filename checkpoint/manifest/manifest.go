@@ -17,6 +17,7 @@ package manifest
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -28,6 +29,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -62,6 +64,11 @@ type Manifest struct {
 	// SavedAt is when the save finished (RFC 3339, UTC). Together with the
 	// step it tells a re-save of the same step apart from the old one.
 	SavedAt string `json:"savedAt"`
+	// Rank and WorldSize are set (both) in a rank directory
+	// (<dir>/step-<N>/rank-<r>/): the step is consistent once every rank
+	// 0..WorldSize-1 has a verified manifest naming the same WorldSize.
+	Rank      *int `json:"rank,omitempty"`
+	WorldSize *int `json:"worldSize,omitempty"`
 }
 
 // Checkpoint is a verified step directory.
@@ -130,6 +137,14 @@ func Parse(b []byte) (Manifest, error) {
 	if _, err := time.Parse(time.RFC3339Nano, m.SavedAt); err != nil {
 		return Manifest{}, fmt.Errorf("manifest: savedAt %q is not RFC 3339", m.SavedAt)
 	}
+	switch {
+	case (m.Rank == nil) != (m.WorldSize == nil):
+		return Manifest{}, errors.New("manifest: rank and worldSize come together")
+	case m.WorldSize != nil && (*m.WorldSize < 1 || *m.WorldSize > MaxWorldSize):
+		return Manifest{}, fmt.Errorf("manifest: worldSize %d out of range [1, %d]", *m.WorldSize, MaxWorldSize)
+	case m.Rank != nil && (*m.Rank < 0 || *m.Rank >= *m.WorldSize):
+		return Manifest{}, fmt.Errorf("manifest: rank %d out of range [0, worldSize %d)", *m.Rank, *m.WorldSize)
+	}
 	seen := make(map[string]bool, len(m.Files))
 	for _, f := range m.Files {
 		if err := ValidatePath(f.Path); err != nil {
@@ -152,43 +167,86 @@ func Parse(b []byte) (Manifest, error) {
 	return m, nil
 }
 
-// Verify checks one step directory: its manifest parses, names the step of
-// the directory, and every listed file has its size and sha256.
+// Verify checks one step directory of the single-rank layout
+// (<dir>/step-<N>/gpupack-manifest.json): its manifest parses, names the
+// step of the directory, and every listed file has its size and sha256.
+// Rank directories are checked by VerifyRank.
 func Verify(stepDir string) (Checkpoint, error) {
-	step, ok := ParseStepDirName(filepath.Base(stepDir))
-	if !ok {
-		return Checkpoint{}, fmt.Errorf("%s: not a step directory (want %s<%d digits>)", stepDir, StepPrefix, stepDigits)
+	return verifyDir(context.Background(), stepDir)
+}
+
+// VerifyRank checks one rank directory <dir>/step-<N>/rank-<r>: as Verify,
+// and the manifest must name that step and rank.
+func VerifyRank(rankDir string) (Checkpoint, error) {
+	return verifyDir(context.Background(), rankDir)
+}
+
+// verifyDir verifies a step directory (single-rank layout) or a rank
+// directory (its parent is the step directory). Hashing stops when ctx is
+// done, so a caller with a deadline is never held up by a large file.
+func verifyDir(ctx context.Context, d string) (Checkpoint, error) {
+	rank, isRank := ParseRankDirName(filepath.Base(d))
+	stepName := filepath.Base(d)
+	if isRank {
+		stepName = filepath.Base(filepath.Dir(d))
 	}
-	raw, err := os.ReadFile(filepath.Join(stepDir, FileName))
+	step, ok := ParseStepDirName(stepName)
+	if !ok {
+		return Checkpoint{}, fmt.Errorf("%s: not a step directory (want %s<%d digits>[/%s<rank>])", d, StepPrefix, stepDigits, RankPrefix)
+	}
+	raw, err := os.ReadFile(filepath.Join(d, FileName))
 	if err != nil {
 		return Checkpoint{}, err
 	}
 	m, err := Parse(raw)
 	if err != nil {
-		return Checkpoint{}, fmt.Errorf("%s: %w", stepDir, err)
+		return Checkpoint{}, fmt.Errorf("%s: %w", d, err)
 	}
 	if m.Step != step {
-		return Checkpoint{}, fmt.Errorf("%s: manifest names step %d", stepDir, m.Step)
+		return Checkpoint{}, fmt.Errorf("%s: manifest names step %d", d, m.Step)
+	}
+	switch {
+	case isRank && m.Rank == nil:
+		return Checkpoint{}, fmt.Errorf("%s: manifest names no rank", d)
+	case isRank && *m.Rank != rank:
+		return Checkpoint{}, fmt.Errorf("%s: manifest names rank %d", d, *m.Rank)
+	case !isRank && m.Rank != nil:
+		return Checkpoint{}, fmt.Errorf("%s: a rank manifest (rank %d) outside a %s<r> directory", d, *m.Rank, RankPrefix)
 	}
 	for _, f := range m.Files {
-		if err := verifyFile(filepath.Join(stepDir, filepath.FromSlash(f.Path)), f); err != nil {
-			return Checkpoint{}, fmt.Errorf("%s: %w", stepDir, err)
+		if err := verifyFile(ctx, filepath.Join(d, filepath.FromSlash(f.Path)), f); err != nil {
+			return Checkpoint{}, fmt.Errorf("%s: %w", d, err)
 		}
 	}
 	sum := sha256.Sum256(raw)
-	return Checkpoint{Dir: stepDir, Manifest: m, ID: hex.EncodeToString(sum[:])}, nil
+	return Checkpoint{Dir: d, Manifest: m, ID: hex.EncodeToString(sum[:])}, nil
 }
 
-func verifyFile(p string, f File) error {
+func verifyFile(ctx context.Context, p string, f File) error {
 	fh, err := os.Open(p)
 	if err != nil {
 		return err
 	}
 	defer fh.Close()
 	h := sha256.New()
-	n, err := io.Copy(h, fh)
-	if err != nil {
-		return fmt.Errorf("file %q: %w", f.Path, err)
+	buf := make([]byte, 1<<20)
+	var n int64
+	for {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("file %q: verification stopped: %w", f.Path, err)
+		}
+		k, err := fh.Read(buf)
+		h.Write(buf[:k])
+		n += int64(k)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("file %q: %w", f.Path, err)
+		}
+		if n > f.Size {
+			break // longer than listed: no need to hash the rest
+		}
 	}
 	if n != f.Size {
 		return fmt.Errorf("file %q: %d bytes, manifest says %d", f.Path, n, f.Size)
@@ -229,37 +287,49 @@ func Latest(dir string) (cp Checkpoint, ok bool, err error) {
 	return (&Verifier{}).Latest(dir)
 }
 
-// Verifier is Latest with memory: a step directory whose manifest bytes it
-// has already verified is not re-hashed. The agent polls with one while it
-// waits for a new checkpoint, so a 100 GB checkpoint is hashed once.
-// A Verifier is not safe for concurrent use.
+// Verifier is Latest with memory: a step or rank directory whose manifest
+// bytes it has already verified is not re-hashed. The agent verifies in the
+// background with one while it waits for a new checkpoint, so a 100 GB
+// checkpoint is hashed once. A Verifier is safe for concurrent use.
 type Verifier struct {
+	mu       sync.Mutex
 	verified map[string]Checkpoint // key: dir + "\x00" + manifest sha256
 }
 
 // Verify is the package-level Verify, skipping the hashing when this
 // manifest was verified before.
 func (v *Verifier) Verify(stepDir string) (Checkpoint, error) {
-	raw, err := os.ReadFile(filepath.Join(stepDir, FileName))
+	return v.VerifyContext(context.Background(), stepDir)
+}
+
+// VerifyContext verifies a step directory (single-rank layout) or a rank
+// directory, remembering the result; hashing stops when ctx is done.
+func (v *Verifier) VerifyContext(ctx context.Context, d string) (Checkpoint, error) {
+	raw, err := os.ReadFile(filepath.Join(d, FileName))
 	if err != nil {
 		return Checkpoint{}, err
 	}
 	sum := sha256.Sum256(raw)
-	key := stepDir + "\x00" + hex.EncodeToString(sum[:])
-	if cp, ok := v.verified[key]; ok {
+	key := d + "\x00" + hex.EncodeToString(sum[:])
+	v.mu.Lock()
+	cp, ok := v.verified[key]
+	v.mu.Unlock()
+	if ok {
 		return cp, nil
 	}
-	cp, err := Verify(stepDir)
+	cp, err = verifyDir(ctx, d)
 	if err != nil {
 		return Checkpoint{}, err
 	}
 	if cp.ID != hex.EncodeToString(sum[:]) {
-		return Checkpoint{}, fmt.Errorf("%s: manifest changed while it was verified", stepDir)
+		return Checkpoint{}, fmt.Errorf("%s: manifest changed while it was verified", d)
 	}
+	v.mu.Lock()
 	if v.verified == nil {
 		v.verified = map[string]Checkpoint{}
 	}
 	v.verified[key] = cp
+	v.mu.Unlock()
 	return cp, nil
 }
 

@@ -33,8 +33,15 @@ func Save(dir string, step int64, files map[string]WriteFunc) (Checkpoint, error
 	return SaveAt(dir, step, files, time.Now())
 }
 
+var nowFunc = time.Now
+
 // SaveAt is Save with the manifest's savedAt given (tests).
 func SaveAt(dir string, step int64, files map[string]WriteFunc, now time.Time) (Checkpoint, error) {
+	return saveDir(dir, step, nil, nil, files, now)
+}
+
+// saveDir writes <dir>/step-<N> (rank nil) or <dir>/step-<N>/rank-<r>.
+func saveDir(dir string, step int64, rank, worldSize *int, files map[string]WriteFunc, now time.Time) (Checkpoint, error) {
 	if step < 0 || step > MaxStep {
 		return Checkpoint{}, fmt.Errorf("save: step %d out of range [0, %d]", step, int64(MaxStep))
 	}
@@ -46,10 +53,20 @@ func SaveAt(dir string, step int64, files map[string]WriteFunc, now time.Time) (
 		names = append(names, name)
 	}
 	sort.Strings(names)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	parent, prefix, finalName := dir, TempPrefix+StepDirName(step)+"-", StepDirName(step)
+	if rank != nil {
+		parent, prefix, finalName = filepath.Join(dir, StepDirName(step)), TempPrefix+RankDirName(*rank)+"-", RankDirName(*rank)
+	}
+	if err := os.MkdirAll(parent, 0o755); err != nil {
 		return Checkpoint{}, fmt.Errorf("save: %w", err)
 	}
-	tmp, err := os.MkdirTemp(dir, TempPrefix+StepDirName(step)+"-")
+	if rank != nil {
+		// The step directory may be new: make its entry durable too.
+		if err := syncDir(dir); err != nil {
+			return Checkpoint{}, fmt.Errorf("save: %w", err)
+		}
+	}
+	tmp, err := os.MkdirTemp(parent, prefix)
 	if err != nil {
 		return Checkpoint{}, fmt.Errorf("save: %w", err)
 	}
@@ -60,7 +77,7 @@ func SaveAt(dir string, step int64, files map[string]WriteFunc, now time.Time) (
 		}
 	}()
 
-	m := Manifest{Version: Version, Step: step, Files: make([]File, 0, len(names))}
+	m := Manifest{Version: Version, Step: step, Files: make([]File, 0, len(names)), Rank: rank, WorldSize: worldSize}
 	syncDirs := map[string]bool{tmp: true}
 	for _, name := range names {
 		p := filepath.Join(tmp, filepath.FromSlash(name))
@@ -93,7 +110,7 @@ func SaveAt(dir string, step int64, files map[string]WriteFunc, now time.Time) (
 		}
 	}
 
-	final := filepath.Join(dir, StepDirName(step))
+	final := filepath.Join(parent, finalName)
 	if err := os.Rename(tmp, final); err != nil {
 		// The step exists: move it aside first (rename cannot replace a
 		// non-empty directory), then put the new one in its place.
@@ -110,7 +127,7 @@ func SaveAt(dir string, step int64, files map[string]WriteFunc, now time.Time) (
 		defer os.RemoveAll(old)
 	}
 	done = true
-	if err := syncDir(dir); err != nil {
+	if err := syncDir(parent); err != nil {
 		return Checkpoint{}, fmt.Errorf("save: %w", err)
 	}
 	sum := sha256.Sum256(raw)

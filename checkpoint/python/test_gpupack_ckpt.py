@@ -109,5 +109,125 @@ class ResumeAndSignalTest(unittest.TestCase):
             ck._requested.clear()
 
 
+class GangTest(unittest.TestCase):
+    def setUp(self):
+        self._tmp = tempfile.TemporaryDirectory()
+        self.dir = self._tmp.name
+        os.environ.pop(ck.RESUME_ENV, None)
+
+    def tearDown(self):
+        self._tmp.cleanup()
+        os.environ.pop(ck.RESUME_ENV, None)
+
+    def ranks(self, world):
+        return [ck.Checkpointer(self.dir, rank=r, world_size=world, install_handler=False) for r in range(world)]
+
+    def test_layout_and_consistency(self):
+        r0, r1 = self.ranks(2)
+        r0.save(10, {"model.pt": b"r0"})
+        self.assertIsNone(r0.latest_consistent(), "one rank of two is not a checkpoint")
+        with r1.saving(10) as p:
+            os.makedirs(os.path.join(p, "shard"))
+            with open(os.path.join(p, "shard", "__1_0.distcp"), "wb") as f:
+                f.write(b"r1")
+        self.assertEqual(r0.latest_consistent(), 10)
+        self.assertEqual(sorted(os.listdir(os.path.join(self.dir, ck.step_dir_name(10)))), ["rank-0", "rank-1"])
+        with open(os.path.join(r1.path(10), ck.MANIFEST)) as fh:
+            m = json.load(fh)
+        self.assertEqual((m["rank"], m["worldSize"], [f["path"] for f in m["files"]]), (1, 2, ["shard/__1_0.distcp"]))
+
+    def test_torn_gang_is_never_named(self):
+        r0, r1 = self.ranks(2)
+        for r in (r0, r1):
+            r.save(1, {"m": b"one"})
+        r0.save(2, {"m": b"two"})
+        r1.save(2, {"m": b"two"})
+        damages = {
+            "rank missing": lambda: __import__("shutil").rmtree(r1.path(2)),
+            "rank file changed": lambda: open(os.path.join(r1.path(2), "m"), "wb").write(b"TWO"),
+            "world size disagrees": lambda: ck.Checkpointer(self.dir, rank=1, world_size=3, install_handler=False).save(2, {"m": b"x"}),
+            "rank manifest in another rank's dir": lambda: os.replace(os.path.join(r0.path(2), ck.MANIFEST), os.path.join(r1.path(2), ck.MANIFEST)),
+        }
+        for name, damage in damages.items():
+            with self.subTest(name):
+                r0.save(2, {"m": b"two"})
+                r1.save(2, {"m": b"two"})
+                self.assertEqual(ck.latest_consistent(self.dir), 2)
+                damage()
+                self.assertEqual(ck.latest_consistent(self.dir), 1)
+
+    def test_saving_error_leaves_nothing(self):
+        (r0,) = self.ranks(1)
+        with self.assertRaises(RuntimeError):
+            with r0.saving(3) as p:
+                open(os.path.join(p, "half"), "wb").write(b"x")
+                raise RuntimeError("disk full")
+        self.assertEqual(os.listdir(os.path.join(self.dir, ck.step_dir_name(3))), [])
+        self.assertIsNone(r0.latest_consistent())
+        with self.assertRaises(ValueError):
+            with r0.saving(4) as p:
+                os.symlink("/etc/passwd", os.path.join(p, "link"))
+        self.assertIsNone(r0.latest_consistent())
+
+    def test_prune_keeps_newest_consistent_and_newer(self):
+        r0, r1 = self.ranks(2)
+        for s in (1, 2, 3):
+            r0.save(s, {"m": b"%d" % s})
+            r1.save(s, {"m": b"%d" % s})
+        r0.save(4, {"m": b"4"})  # rank 1 still saving step 4
+        self.assertEqual(r0.prune(keep=2), [1])
+        self.assertEqual(r1.prune(keep=2), [1])
+        self.assertEqual(ck.steps(self.dir), [4, 3, 2])
+        self.assertEqual(ck.consistent_steps(self.dir), [3, 2])
+
+    def test_resume_prefers_disk_over_a_stale_env(self):
+        (r0,) = self.ranks(1)
+        self.assertEqual(r0.resume(lambda p: self.fail("nothing to load")), 0)
+        r0.save(0, {"m": b"zero"})
+        got = []
+        self.assertEqual(r0.resume(got.append), 0)
+        self.assertEqual(got, [r0.path(0)])
+        r0.save(5, {"m": b"five"})
+        for env in ("3", "9", "junk"):  # older (stale), pruned / never written, nonsense
+            with self.subTest(env=env):
+                os.environ[ck.RESUME_ENV] = env
+                got = []
+                self.assertEqual(r0.resume(got.append), 5)
+                self.assertEqual(got, [r0.path(5)])
+
+    def test_save_does_not_copy_buffers(self):
+        (r0,) = self.ranks(1)
+        big = bytearray(8 << 20)
+        seen = []
+
+        def writer(f):
+            f.write(big)
+            seen.append(True)
+        r0.save(1, {"big.bin": writer, "view": memoryview(big)[:10]})
+        self.assertEqual(ck.latest_consistent(self.dir), 1)
+        self.assertEqual(os.path.getsize(os.path.join(r0.path(1), "big.bin")), 8 << 20)
+
+    def test_forked_child_does_not_act_on_the_signal(self):
+        old = (signal.getsignal(signal.SIGUSR2), signal.getsignal(signal.SIGTERM))
+        try:
+            ck.install(signals=(signal.SIGUSR2, signal.SIGTERM))
+            rd, wr = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                os.close(rd)
+                ok = signal.getsignal(signal.SIGUSR2) == signal.SIG_IGN and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+                os.kill(os.getpid(), signal.SIGUSR2)
+                os.write(wr, b"1" if ok and not ck.requested() else b"0")
+                os._exit(0)
+            os.close(wr)
+            self.assertEqual(os.read(rd, 1), b"1", "forked child kept the checkpoint handler")
+            os.waitpid(pid, 0)
+            self.assertFalse(ck.requested())
+        finally:
+            signal.signal(signal.SIGUSR2, old[0])
+            signal.signal(signal.SIGTERM, old[1])
+            ck._requested.clear()
+
+
 if __name__ == "__main__":
     unittest.main()

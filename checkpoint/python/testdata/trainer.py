@@ -41,6 +41,7 @@ def main():
     p.add_argument("--size", type=int, default=1 << 16)
     p.add_argument("--events", default="")
     p.add_argument("--code", type=int, default=0)
+    p.add_argument("--save-delay", type=float, default=0, help="sleep this long before a requested save")
     a = p.parse_args()
 
     if a.mode == "exit":
@@ -73,6 +74,9 @@ def main():
         time.sleep(a.step_time)
         step += 1
         if ck.requested() or (a.save_every and step % a.save_every == 0):
+            if ck.requested() and a.save_delay:
+                record(a.events, "saving slowly")
+                time.sleep(a.save_delay)
             ck.save(a.dir, step, {"model.bin": ("weights at %d" % step).encode()})
             record(a.events, "saved %d" % step)
             if ck.requested():

@@ -530,8 +530,8 @@ func TestDrainEvictionWaitsForCheckpointWithinBudget(t *testing.T) {
 		}
 		close(kubeletStop)
 		<-kubeletDone
-		if code != 0 {
-			t.Fatalf("gpupack-ckpt exited %d, want 0", code)
+		if code != ckagent.ExitPreempted {
+			t.Fatalf("gpupack-ckpt exited %d, want %d (preempted)", code, ckagent.ExitPreempted)
 		}
 		cp, ok, err := manifest.Latest(ckdir)
 		if err != nil || !ok {
