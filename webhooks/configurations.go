@@ -148,7 +148,7 @@ func podRequestEdited() string {
 	val := func(v string) string {
 		return fmt.Sprintf("(has(%[1]s.metadata.annotations) && k in %[1]s.metadata.annotations ? 'set:' + %[1]s.metadata.annotations[k] : 'unset')", v)
 	}
-	return fmt.Sprintf("request.operation == 'CREATE' || request.subResource == 'ephemeralcontainers' || (object != null && oldObject != null && %s.exists(k, %s != %s))", celList(gpureq.RequestKeys), val("object"), val("oldObject"))
+	return fmt.Sprintf("request.operation == 'CREATE' || (has(request.subResource) && request.subResource == 'ephemeralcontainers') || (object != null && oldObject != null && %s.exists(k, %s != %s))", celList(gpureq.RequestKeys), val("object"), val("oldObject"))
 }
 
 // FastPathConditionName names the pod mutating webhook's one match
