@@ -259,6 +259,7 @@ func TestTenantAttacks(t *testing.T) {
 		}
 		denied(t, "kubectl annotate --overwrite gpupack.io/devices on a pinned pod", c.alice.Patch(ctx, cur.DeepCopy(), annPatch(v1alpha1.AnnotationDevices, dev)), "gpupack.io/devices")
 		denied(t, "removing gpupack.io/devices", c.alice.Patch(ctx, cur.DeepCopy(), annPatch(v1alpha1.AnnotationDevices, nil)), "gpupack.io/devices")
+		denied(t, "claiming an unplanned allocation (gpupack.io/allocated-by)", c.alice.Patch(ctx, cur.DeepCopy(), annPatch("gpupack.io/allocated-by", "gpupack-node/node-a")), "gpupack.io/allocated-by")
 		// The tenant's other edits still work.
 		if err := c.alice.Patch(ctx, cur.DeepCopy(), mergePatch(map[string]any{"metadata": map[string]any{"labels": map[string]string{"team": "a"}}})); err != nil {
 			t.Errorf("tenant relabelling its pod: %v", err)
@@ -300,6 +301,7 @@ func TestServiceAccountScope(t *testing.T) {
 		if err := nodeA.Patch(ctx, a.DeepCopy(), rec); err != nil {
 			t.Errorf("recording an unplanned allocation on a pod of its node: %v", err)
 		}
+		denied(t, "re-marking a recorded allocation", nodeA.Patch(ctx, a.DeepCopy(), annPatch("gpupack.io/allocated-by", "gpupack-node/node-b")), "gpupack.io/allocated-by")
 		denied(t, "changing a recorded allocation", nodeA.Patch(ctx, a.DeepCopy(), annPatch(v1alpha1.AnnotationDevices, "GPU-00000000-0000-0000-0000-000000000004:1")), "gpupack.io/devices")
 		denied(t, "recording on another node's pod", nodeA.Patch(ctx, b.DeepCopy(), rec), "denied request")
 		denied(t, "relabelling a pod of its node", nodeA.Patch(ctx, a.DeepCopy(), mergePatch(map[string]any{"metadata": map[string]any{"labels": map[string]string{"x": "y"}}})),
