@@ -200,3 +200,29 @@ func TestEphemeralContainers(t *testing.T) {
 		t.Errorf("CPU pod: %v", err)
 	}
 }
+
+// An update that adds a privileged sidecar (or a GPU init container) to a
+// job's GPU template is refused at the update, where someone reads the
+// message; an update of a template that already broke the rules is not.
+func TestJobUpdateBreakingSecurity(t *testing.T) {
+	m := mustNew(t, Config{})
+	yes := true
+	always := corev1.ContainerRestartPolicyAlways
+	old := makePyTorchJob(map[string]string{v1alpha1.AnnotationGPUMemory: "1Gi"}, map[string]corev1.PodTemplateSpec{
+		"Worker": template(nil, makeCtr("pytorch").gpus("1").obj())})
+	old.Spec.RunPolicy.Suspend = &yes
+	cur := old.DeepCopy()
+	cur.Spec.PyTorchReplicaSpecs["Worker"].Template.Spec.InitContainers = []corev1.Container{{Name: "side", Image: "x", RestartPolicy: &always, SecurityContext: &corev1.SecurityContext{Privileged: &yes}}}
+	if err := m.ValidatePyTorchJobUpdate(old, cur); err == nil || !strings.Contains(err.Error(), `replica Worker: sidecar container "side" is privileged`) {
+		t.Errorf("privileged sidecar added: %v", err)
+	}
+	if err := m.ValidatePyTorchJobUpdate(cur, cur.DeepCopy()); err != nil {
+		t.Errorf("an update of an already broken template: %v", err)
+	}
+	job := makeJob(nil, template(nil, makeCtr("c").gpus("1").obj()))
+	gpuInit := job.DeepCopy()
+	gpuInit.Spec.Template.Spec.InitContainers = []corev1.Container{makeCtr("warm").gpus("1").obj()}
+	if err := m.ValidateJobUpdate(job, gpuInit); err == nil || !strings.Contains(err.Error(), `init container "warm" asks for GPUs`) {
+		t.Errorf("GPU init container added: %v", err)
+	}
+}
