@@ -101,14 +101,16 @@ func annotated(meta string) string {
 
 // templateIsGPU: a pod template (CEL expression of a PodTemplateSpec) asks for GPUs.
 func templateIsGPU(t string) string {
-	return fmt.Sprintf("(has(%[1]s.spec) && has(%[1]s.spec.containers) && %[2]s) || (has(%[1]s.metadata) && %[3]s)", t, containersAskGPU(t+".spec.containers"), annotated(t+".metadata"))
+	return fmt.Sprintf("(has(%[1]s.spec) && ((has(%[1]s.spec.containers) && %[2]s) || (has(%[1]s.spec.initContainers) && %[3]s))) || (has(%[1]s.metadata) && %[4]s)", t, containersAskGPU(t+".spec.containers"), containersAskGPU(t+".spec.initContainers"), annotated(t+".metadata"))
 }
 
 // isGPU returns the CEL condition for one object variable ("object" or "oldObject").
 func isGPU(kind, v string) string {
 	switch kind {
 	case "Pod":
-		return fmt.Sprintf("(has(%[1]s.spec) && %[2]s) || %[3]s", v, containersAskGPU(v+".spec.containers"), annotated(v+".metadata"))
+		// Init containers (and restartable sidecars) too: the webhook
+		// denies GPUs there, which it can only do if it sees them.
+		return fmt.Sprintf("(has(%[1]s.spec) && (%[2]s || (has(%[1]s.spec.initContainers) && %[3]s))) || %[4]s", v, containersAskGPU(v+".spec.containers"), containersAskGPU(v+".spec.initContainers"), annotated(v+".metadata"))
 	case "Job":
 		return fmt.Sprintf("%[2]s || (has(%[1]s.spec) && has(%[1]s.spec.template) && (%[3]s))", v, annotated(v+".metadata"), templateIsGPU(v+".spec.template"))
 	case "PyTorchJob":
@@ -135,7 +137,9 @@ func MatchConditions(kind string, validating bool) []admissionregistrationv1.Mat
 }
 
 // podRequestEdited is true for a pod creation (sent only with
-// ValidatePodCreate) and for an update that changes a request annotation —
+// ValidatePodCreate), for ephemeral containers being added (`kubectl
+// debug`: the pods/ephemeralcontainers subresource), and for an update that
+// changes a request annotation —
 // the one thing the pod validator refuses on update. GPU pods are updated
 // often (the ungater lifts its gate, Kueue and operators relabel them); none
 // of that needs a round trip. Absent and empty annotations differ, as they
@@ -144,7 +148,7 @@ func podRequestEdited() string {
 	val := func(v string) string {
 		return fmt.Sprintf("(has(%[1]s.metadata.annotations) && k in %[1]s.metadata.annotations ? 'set:' + %[1]s.metadata.annotations[k] : 'unset')", v)
 	}
-	return fmt.Sprintf("request.operation == 'CREATE' || (object != null && oldObject != null && %s.exists(k, %s != %s))", celList(gpureq.RequestKeys), val("object"), val("oldObject"))
+	return fmt.Sprintf("request.operation == 'CREATE' || (has(request.subResource) && request.subResource == 'ephemeralcontainers') || (object != null && oldObject != null && %s.exists(k, %s != %s))", celList(gpureq.RequestKeys), val("object"), val("oldObject"))
 }
 
 // FastPathConditionName names the pod mutating webhook's one match
@@ -220,10 +224,10 @@ func WebhookConfigurations(o ServeOptions) (*admissionregistrationv1.MutatingWeb
 		p := path
 		return admissionregistrationv1.WebhookClientConfig{Service: &admissionregistrationv1.ServiceReference{Namespace: o.Namespace, Name: o.ServiceName, Path: &p}}
 	}
-	rule := func(t target, ops ...admissionregistrationv1.OperationType) []admissionregistrationv1.RuleWithOperations {
+	rule := func(t target, ops []admissionregistrationv1.OperationType, resources ...string) []admissionregistrationv1.RuleWithOperations {
 		return []admissionregistrationv1.RuleWithOperations{{
 			Operations: ops,
-			Rule:       admissionregistrationv1.Rule{APIGroups: []string{t.group}, APIVersions: []string{t.version}, Resources: []string{t.resource}, Scope: &scope},
+			Rule:       admissionregistrationv1.Rule{APIGroups: []string{t.group}, APIVersions: []string{t.version}, Resources: append([]string{t.resource}, resources...), Scope: &scope},
 		}}
 	}
 	meta := func(name string) metav1.ObjectMeta {
@@ -258,7 +262,7 @@ func WebhookConfigurations(o ServeOptions) (*admissionregistrationv1.MutatingWeb
 		mwc.Webhooks = append(mwc.Webhooks, admissionregistrationv1.MutatingWebhook{
 			Name:                    "m" + lower + ".gpupack.io",
 			ClientConfig:            client(t.mutate),
-			Rules:                   rule(t, mops...),
+			Rules:                   rule(t, mops),
 			FailurePolicy:           &fail,
 			SideEffects:             &none,
 			AdmissionReviewVersions: []string{"v1"},
@@ -268,13 +272,18 @@ func WebhookConfigurations(o ServeOptions) (*admissionregistrationv1.MutatingWeb
 			ReinvocationPolicy:      reinvoke,
 		})
 		ops := []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update}
-		if t.kind == "Pod" && !o.ValidatePodCreate {
-			ops = ops[1:]
+		var sub []string
+		if t.kind == "Pod" {
+			if !o.ValidatePodCreate {
+				ops = ops[1:]
+			}
+			// Ephemeral containers arrive through their own subresource.
+			sub = []string{"pods/ephemeralcontainers"}
 		}
 		vwc.Webhooks = append(vwc.Webhooks, admissionregistrationv1.ValidatingWebhook{
 			Name:                    "v" + lower + ".gpupack.io",
 			ClientConfig:            client(t.validate),
-			Rules:                   rule(t, ops...),
+			Rules:                   rule(t, ops, sub...),
 			FailurePolicy:           &fail,
 			SideEffects:             &none,
 			AdmissionReviewVersions: []string{"v1"},

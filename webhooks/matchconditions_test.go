@@ -178,3 +178,51 @@ func BenchmarkPodMatchConditions(b *testing.B) {
 		})
 	}
 }
+
+// The validating pod webhook, for updates: a plain update that edits no
+// request annotation (the ungater lifting its gate) is not sent, and must
+// not fail evaluating (an empty subResource is absent in CEL); ephemeral
+// containers added to a GPU pod, and init-container-only GPU pods, are.
+func TestValidatingPodUpdateConditions(t *testing.T) {
+	_, vwc := WebhookConfigurations(DefaultServeOptions())
+	var m matchconditions.Matcher
+	for i := range vwc.Webhooks {
+		if vwc.Webhooks[i].Name == "vpod.gpupack.io" {
+			m = webhook.NewValidatingWebhookAccessor("uid", vwc.Name, &vwc.Webhooks[i]).GetCompiledMatcher(celCompiler())
+		}
+	}
+	pods := makeMatchPods(t)
+	update := func(p, old *corev1.Pod, sub string) *admission.VersionedAttributes {
+		kind := corev1.SchemeGroupVersion.WithKind("Pod")
+		attr := admission.NewAttributesRecord(p, old, kind, p.Namespace, p.Name, corev1.SchemeGroupVersion.WithResource("pods"), sub,
+			admission.Update, &metav1.UpdateOptions{}, false, &user.DefaultInfo{Name: "alice"})
+		va := &admission.VersionedAttributes{Attributes: attr, VersionedKind: kind}
+		va.VersionedObject.Set(p)
+		va.VersionedOldObject.Set(old)
+		return va
+	}
+	old := pods.bare.DeepCopy()
+	cur := old.DeepCopy()
+	cur.Labels = map[string]string{"x": "y"}
+	if r := m.Match(context.Background(), update(cur, old, ""), nil, nil); r.Error != nil || r.Matches {
+		t.Errorf("relabelling a GPU pod: matches %v, error %v", r.Matches, r.Error)
+	}
+	dbg := old.DeepCopy()
+	dbg.Spec.EphemeralContainers = []corev1.EphemeralContainer{{EphemeralContainerCommon: corev1.EphemeralContainerCommon{Name: "dbg", Image: "busybox"}}}
+	if r := m.Match(context.Background(), update(dbg, old, "ephemeralcontainers"), nil, nil); r.Error != nil || !r.Matches {
+		t.Errorf("debug container on a GPU pod: matches %v, error %v", r.Matches, r.Error)
+	}
+	cpuDbg := pods.cpu.DeepCopy()
+	cpuDbg.Spec.EphemeralContainers = dbg.Spec.EphemeralContainers
+	if r := m.Match(context.Background(), update(cpuDbg, pods.cpu, "ephemeralcontainers"), nil, nil); r.Error != nil || r.Matches {
+		t.Errorf("debug container on a CPU pod: matches %v, error %v", r.Matches, r.Error)
+	}
+	// The mutating condition sees a GPU asked for only by a sidecar.
+	side := pods.cpu.DeepCopy()
+	always := corev1.ContainerRestartPolicyAlways
+	side.Spec.InitContainers = []corev1.Container{{Name: "side", Image: "x", RestartPolicy: &always, Resources: corev1.ResourceRequirements{
+		Limits: corev1.ResourceList{v1alpha1.ResourceNvidiaGPU: resource.MustParse("1")}}}}
+	if r := podMatcher(t, DefaultServeOptions()).Match(context.Background(), podCreate(side, "alice"), nil, nil); r.Error != nil || !r.Matches {
+		t.Errorf("GPU in a sidecar only: matches %v, error %v", r.Matches, r.Error)
+	}
+}

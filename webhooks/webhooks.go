@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"maps"
 	"net/http"
 	"strings"
 
@@ -182,11 +183,23 @@ func (h *podMutator) Handle(ctx context.Context, req admission.Request) admissio
 		pod.Namespace = req.Namespace
 	}
 	before, _ := json.Marshal(pod.Spec)
+	beforeAnn := maps.Clone(pod.Annotations)
 	warn, err := h.m.Pod(pod, mutation.PodContext{ResumeStep: h.resumeStep(ctx, pod)})
 	if err != nil {
 		return denied(err, warn)
 	}
-	return specPatch(before, pod.Spec, warn)
+	resp := specPatch(before, pod.Spec, warn)
+	if !maps.Equal(beforeAnn, pod.Annotations) {
+		// A tenant's gpupack.io/devices was removed.
+		ann := pod.Annotations
+		if ann == nil {
+			ann = map[string]string{}
+		}
+		pt := admissionv1.PatchTypeJSONPatch
+		resp.PatchType = &pt
+		resp.Patches = append(resp.Patches, jsonpatch.JsonPatchOperation{Operation: "add", Path: "/metadata/annotations", Value: ann})
+	}
+	return resp
 }
 
 // resumeStep reads gpupack.io/last-consistent-checkpoint from the pod's
@@ -228,6 +241,12 @@ func (h *podValidator) Handle(_ context.Context, req admission.Request) admissio
 			return admission.Denied(err.Error())
 		}
 	case admissionv1.Update:
+		if req.SubResource == "ephemeralcontainers" {
+			if err := h.m.ValidateEphemeralContainers(pod); err != nil {
+				return admission.Denied(err.Error())
+			}
+			return admission.Allowed("")
+		}
 		old := &corev1.Pod{}
 		if err := decode(req.OldObject.Raw, old); err != nil {
 			return admission.Errored(http.StatusBadRequest, err)

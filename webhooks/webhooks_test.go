@@ -114,8 +114,11 @@ func TestPodHandler(t *testing.T) {
 	for _, e := range got.Spec.Containers[0].Env {
 		env[e.Name] = e.Value
 	}
-	if env[v1alpha1.EnvLDPreload] != "" || env[v1alpha1.EnvMemoryLimit] != "10240m" || env[v1alpha1.EnvResumeStep] != "700" {
+	if env[v1alpha1.EnvLDPreload] != "" || env[v1alpha1.EnvMemoryLimit] != "" || env[v1alpha1.EnvResumeStep] != "700" {
 		t.Errorf("env = %v", env)
+	}
+	if len(got.Spec.Volumes) != 0 {
+		t.Errorf("volumes = %v, want none (the device plugin delivers the hook)", got.Spec.Volumes)
 	}
 	// The stored pod passes validation.
 	if resp := h[PathValidatePod].Handle(ctx, request(t, admissionv1.Create, &got, nil)); !resp.Allowed {
@@ -124,6 +127,39 @@ func TestPodHandler(t *testing.T) {
 	// And the raw one does not.
 	if resp := h[PathValidatePod].Handle(ctx, request(t, admissionv1.Create, pod, nil)); resp.Allowed {
 		t.Error("validation of unmutated pod allowed")
+	}
+
+	// A tenant's gpupack.io/devices is removed from the stored pod.
+	forged := gpuPod("10Gi")
+	forged.Annotations[v1alpha1.AnnotationDevices] = "GPU-0:70000"
+	req = request(t, admissionv1.Create, forged, nil)
+	resp = h[PathMutatePod].Handle(ctx, req)
+	got = corev1.Pod{}
+	apply(t, req, resp, &got)
+	if _, ok := got.Annotations[v1alpha1.AnnotationDevices]; ok || got.Annotations[v1alpha1.AnnotationGPUMemory] != "10Gi" {
+		t.Errorf("annotations after the patch: %v", got.Annotations)
+	}
+}
+
+// Ephemeral containers reach the pod validator through their subresource.
+func TestEphemeralContainersHandler(t *testing.T) {
+	ctx := context.Background()
+	h := handlers(t, mutation.Config{})
+	yes := true
+	pod := gpuPod("10Gi")
+	dbg := pod.DeepCopy()
+	dbg.Spec.EphemeralContainers = []corev1.EphemeralContainer{{EphemeralContainerCommon: corev1.EphemeralContainerCommon{Name: "dbg", Image: "busybox",
+		SecurityContext: &corev1.SecurityContext{Privileged: &yes}}}}
+	req := request(t, admissionv1.Update, dbg, pod)
+	req.SubResource = "ephemeralcontainers"
+	if resp := h[PathValidatePod].Handle(ctx, req); resp.Allowed || !strings.Contains(resp.Result.Message, `ephemeral container "dbg" is privileged`) {
+		t.Errorf("privileged debug container: %+v", resp.Result)
+	}
+	dbg.Spec.EphemeralContainers[0].SecurityContext = nil
+	req = request(t, admissionv1.Update, dbg, pod)
+	req.SubResource = "ephemeralcontainers"
+	if resp := h[PathValidatePod].Handle(ctx, req); !resp.Allowed {
+		t.Errorf("plain debug container denied: %+v", resp.Result)
 	}
 }
 

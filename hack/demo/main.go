@@ -300,13 +300,23 @@ func fractional(t *demoTB, env *framework.Env) {
 			perGPU[d.UUID] = append(perGPU[d.UUID], p.Name)
 			usedMiB[d.UUID] += d.MemoryMiB
 		}
-		vars := map[string]string{}
-		for _, e := range p.Spec.Containers[0].Env {
-			vars[e.Name] = e.Value
-		}
-		want := map[string]string{"infer-20g": "20480m", "tune-30g": "30720m"}[p.Labels["training.kubeflow.org/job-name"]]
-		if vars[v1alpha1.EnvMemoryLimit] != want {
+		// The limit travels as the converted resource (the device plugin
+		// writes it into the container's read-only limits file); the pod
+		// carries no hostPath volume and no limit env a tenant could edit.
+		want := map[string]int64{"infer-20g": 20480, "tune-30g": 30720}[p.Labels["training.kubeflow.org/job-name"]]
+		q := p.Spec.Containers[0].Resources.Limits[v1alpha1.ResourceGPUMemory]
+		if q.Value() != want {
 			envOK = false
+		}
+		for _, v := range p.Spec.Volumes {
+			if v.HostPath != nil {
+				envOK = false
+			}
+		}
+		for _, e := range p.Spec.Containers[0].Env {
+			if e.Name == v1alpha1.EnvMemoryLimit {
+				envOK = false
+			}
 		}
 	}
 	p0 := pods[0]
@@ -321,8 +331,7 @@ func fractional(t *demoTB, env *framework.Env) {
 		mounts = append(mounts, m.MountPath)
 	}
 	say("pod %s on %s, GPUs %s", p0.Name, p0.Spec.NodeName, p0.Annotations[v1alpha1.AnnotationDevices])
-	say("  injected env: %s", strings.Join(vars, " "))
-	say("  injected mounts: %s", strings.Join(mounts, " "))
+	say("  env CUDA_*: [%s] and mounts: [%s] from the webhook (none: gpupack-node's device plugin delivers the hook and a read-only /etc/gpupack/limits)", strings.Join(vars, " "), strings.Join(mounts, " "))
 	shared, over := 0, 0
 	for uuid, ps := range perGPU {
 		if len(ps) > 1 {
@@ -338,7 +347,7 @@ func fractional(t *demoTB, env *framework.Env) {
 	say("%d GPUs in use, %d of them shared by 2+ pods", len(perGPU), shared)
 	expect(shared > 0, "pods share GPUs")
 	expect(over == 0, "no GPU is planned past its allocatable 71903 MiB (81559 - 1500 - 10%%)")
-	expect(envOK, "every pod carries its own CUDA_DEVICE_MEMORY_LIMIT")
+	expect(envOK, "every pod carries its own gpupack.io/gpu-memory, and no hostPath volume or limit env")
 	deleteAll(env, ns, jobs)
 }
 

@@ -39,6 +39,10 @@ func TestMain_Golden(t *testing.T) {
 		// but still strips the tenant's hook env.
 		{file: "hami.yaml", args: []string{"--config", "testdata/hami.config.yaml"}, wantCode: ExitOK, wantStderr: []string{"no GPU model is known", `removed LD_PRELOAD`, `removed CUDA_DISABLE_CONTROL`}},
 		{file: "too-big.yaml", args: []string{"--config", "testdata/hami.config.yaml"}, wantCode: ExitDenied, wantStderr: []string{"more than the 71903 MiB"}},
+		// A tenant's placement, owned env and gpupack-named volumes go.
+		{file: "tenant.yaml", wantCode: ExitOK, wantStderr: []string{"removed annotation gpupack.io/devices", `removed CUDA_DISABLE_CONTROL`, `"helper": removed NVIDIA_VISIBLE_DEVICES`, `removed volume "gpupack-cache"`}},
+		{file: "init-gpu.yaml", wantCode: ExitDenied, wantStderr: []string{`sidecar container (restartPolicy: Always) "warm" asks for GPUs`}},
+		{file: "privileged-sidecar.yaml", wantCode: ExitDenied, wantStderr: []string{`container "helper" adds capability SYS_ADMIN`}},
 	}
 	for _, tc := range cases {
 		name := tc.file + strings.Join(tc.args, "")

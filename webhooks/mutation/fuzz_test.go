@@ -65,22 +65,11 @@ func FuzzPodMutation(f *testing.F) {
 			}
 		}
 		for _, e := range pod.Spec.Containers[0].Env {
-			if hasGPU && ((e.Name == v1alpha1.EnvLDPreload && e.Value == preload) || (e.Name == v1alpha1.EnvMemoryLimit && e.Value == limit && limit != m.memLimitFor(pod))) {
-				t.Fatalf("tenant %s=%s survived", e.Name, e.Value)
+			if hasGPU && owned(e.Name) {
+				t.Fatalf("owned %s=%s survived on a GPU container (the webhook sets none)", e.Name, e.Value)
 			}
 		}
 	})
-}
-
-// memLimitFor is the CUDA_DEVICE_MEMORY_LIMIT gpupack derives for the pod's
-// first container.
-func (m *Mutator) memLimitFor(p *corev1.Pod) string {
-	q := p.Spec.Containers[0].Resources.Limits[v1alpha1.ResourceGPUMemory]
-	n := p.Spec.Containers[0].Resources.Limits[v1alpha1.ResourceVGPU]
-	if n.Value() == 0 {
-		return ""
-	}
-	return itoa(q.Value()/n.Value()) + "m"
 }
 
 // assertFixedPoint checks that mutating a mutated pod again changes nothing,
@@ -95,4 +84,63 @@ func assertFixedPoint(t *testing.T, m *Mutator, pod *corev1.Pod) {
 	if err := m.ValidatePod(pod); err != nil {
 		t.Fatalf("mutated pod fails validation: %v", err)
 	}
+}
+
+// FuzzPodSecurity: for any mount path, volume name, capability and the
+// container that carries them (GPU, CPU sidecar, init, restartable
+// sidecar), an admitted GPU pod keeps no gpupack-named volume or mount, no
+// mount at or under a gpupack path (but gpupack's own), no capability
+// beyond Pod Security baseline, and is a fixed point.
+func FuzzPodSecurity(f *testing.F) {
+	f.Add("/etc/gpupack/limits", "mine", "NET_BIND_SERVICE", uint8(0))
+	f.Add("/etc//gpupack/../gpupack", "data", "", uint8(1))
+	f.Add("/hook", VolumeHook, "cap_sys_admin", uint8(2))
+	f.Add("/run/gpupack/x", VolumeSharedCache, "CHOWN", uint8(3))
+	f.Add("/usr/local/gpupack-old", "x", "SYS_PTRACE", uint8(1))
+	f.Add("relative/etc/gpupack", "x", "", uint8(0))
+	f.Fuzz(func(t *testing.T, mountPath, volume, capability string, where uint8) {
+		if volume == "" || mountPath == "" {
+			return
+		}
+		always := corev1.ContainerRestartPolicyAlways
+		gpuC, cpuC, initC, side := makeCtr("gpu").gpus("1").obj(), makeCtr("cpu").obj(), makeCtr("init").obj(), makeCtr("side").obj()
+		side.RestartPolicy = &always
+		target := []*corev1.Container{&gpuC, &cpuC, &initC, &side}[where%4]
+		target.VolumeMounts = []corev1.VolumeMount{{Name: volume, MountPath: mountPath}}
+		if capability != "" {
+			target.SecurityContext = &corev1.SecurityContext{Capabilities: &corev1.Capabilities{Add: []corev1.Capability{corev1.Capability(capability)}}}
+		}
+		p := makePod("p").ann(v1alpha1.AnnotationGPUMemory, "1000").nodeSelector(flavors.LabelGPUProduct, "NVIDIA-H100-80GB-HBM3").ctr(gpuC).ctr(cpuC).obj()
+		p.Spec.InitContainers = []corev1.Container{initC, side}
+		p.Spec.Volumes = []corev1.Volume{{Name: volume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
+		m := mustNew(t, Config{})
+		if _, err := m.Pod(p, PodContext{}); err != nil {
+			return
+		}
+		assertFixedPoint(t, m, p)
+		for _, v := range p.Spec.Volumes {
+			if ownedVolume(v.Name) {
+				t.Fatalf("volume %q kept", v.Name)
+			}
+		}
+		for _, kc := range allContainers(&p.Spec) {
+			for _, vm := range kc.c.VolumeMounts {
+				if ownedVolume(vm.Name) {
+					t.Fatalf("%s %q mounts %q", kc.kind, kc.c.Name, vm.Name)
+				}
+				for _, g := range m.guardedPaths() {
+					if under(vm.MountPath, g) && !ownMount(vm) {
+						t.Fatalf("%s %q mounts %s under %s", kc.kind, kc.c.Name, vm.MountPath, g)
+					}
+				}
+			}
+			if sc := kc.c.SecurityContext; sc != nil && sc.Capabilities != nil {
+				for _, c := range sc.Capabilities.Add {
+					if !baselineCapabilities[capName(c)] {
+						t.Fatalf("%s %q keeps capability %s", kc.kind, kc.c.Name, c)
+					}
+				}
+			}
+		}
+	})
 }

@@ -139,9 +139,6 @@ func (m *Mutator) template(where string, jobAnn map[string]string, t *corev1.Pod
 		}
 		if req.Kind != gpureq.NoGPU {
 			anyGPU = true
-			if sc := c.SecurityContext; sc != nil && sc.Privileged != nil && *sc.Privileged {
-				return out, fmt.Errorf("%s: container %q asks for GPUs and is privileged; a privileged container can bypass GPU isolation, so gpupack denies it", where, c.Name)
-			}
 		}
 		if req.Kind == gpureq.Fractional || req.Kind == gpureq.Converted {
 			if req.Spec.MemoryPercent > 0 {
@@ -177,6 +174,21 @@ func (m *Mutator) template(where string, jobAnn map[string]string, t *corev1.Pod
 		out.reqs = append(out.reqs, req)
 	}
 	out.anyGPU = anyGPU
+	if err := initContainersAskGPU(&t.Spec); err != nil {
+		return out, fmt.Errorf("%s: %w", where, err)
+	}
+	if anyGPU {
+		if err := m.podSecurity(&t.Spec); err != nil {
+			return out, fmt.Errorf("%s: %w", where, err)
+		}
+		// The placement is the ungater's to write (and a
+		// ValidatingAdmissionPolicy keeps it so after creation): a
+		// tenant's value would name GPUs and limits to the node.
+		if _, ok := t.Annotations[v1alpha1.AnnotationDevices]; ok {
+			delete(t.Annotations, v1alpha1.AnnotationDevices)
+			out.warn = append(out.warn, fmt.Sprintf("%s: removed annotation %s; only gpupack's placement writes it", where, v1alpha1.AnnotationDevices))
+		}
+	}
 	// Only the template's own request must find a GPU container: a job-level
 	// default also reaches CPU-only replicas (a PyTorchJob's master), which
 	// simply do not use it.
@@ -398,62 +410,80 @@ func owned(name string) bool {
 	return strings.HasPrefix(name, v1alpha1.EnvMemoryLimit+"_") || strings.HasPrefix(name, v1alpha1.EnvSMLimit+"_")
 }
 
-// hookEnv is the environment a shared-GPU container gets.
-func (m *Mutator) hookEnv(c *corev1.Container, req gpureq.Request) []corev1.EnvVar {
-	env := []corev1.EnvVar{
-		{Name: EnvPodUID, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "metadata.uid"}}},
-		{Name: v1alpha1.EnvMemoryLimit, Value: strconv.FormatInt(req.Spec.MemoryMiB, 10) + "m"},
-	}
-	if req.Spec.Cores > 0 {
-		env = append(env, corev1.EnvVar{Name: v1alpha1.EnvSMLimit, Value: strconv.Itoa(int(req.Spec.Cores))})
-	}
-	env = append(env, corev1.EnvVar{Name: v1alpha1.EnvSharedCache, Value: m.cfg.Hook.SharedCacheMountPath + "/" + SharedCacheFileName})
-	if m.cfg.Hook.Preload == PreloadEnv {
-		env = append(env, corev1.EnvVar{Name: v1alpha1.EnvLDPreload, Value: m.cfg.Hook.MountPath + "/" + m.cfg.Hook.Library})
-	}
-	return env
+// ownEnv removes the owned keys of a GPU container: a tenant value is
+// removed with a warning, or denied under EnvPolicyDeny. The webhook sets
+// none of them any more: in gpupack mode gpupack-node's device plugin
+// delivers the hook, its preload file and a read-only limits file at
+// Allocate, and in hami mode HAMi's device plugin injects HAMi-core's
+// environment (kubelet puts pod-spec env after a device plugin's, so a
+// tenant value would win). Re-running is a no-op.
+func (m *Mutator) ownEnv(c *corev1.Container) ([]string, error) {
+	return m.replaceOwnedEnv(c, nil)
 }
 
-// ownEnv replaces the owned keys of a GPU container with the webhook's
-// values. A tenant value (one the webhook would not have set) is removed with
-// a warning, or denied under EnvPolicyDeny. Re-running is a no-op. In hami
-// mode the webhook sets none of them (HAMi's device plugin does, and kubelet
-// puts pod-spec env after a device plugin's, so a tenant value would win):
-// every owned key on a GPU container is a tenant value.
-func (m *Mutator) ownEnv(c *corev1.Container, req gpureq.Request) ([]string, error) {
-	var want []corev1.EnvVar
-	if req.Kind == gpureq.Converted {
-		want = m.hookEnv(c, req)
-	}
-	return m.replaceOwnedEnv(c, want)
-}
-
-// inject gives the GPU containers of a pod (or pod template) what the hook
-// needs: owned environment, mounts and volumes (gpupack mode), or the
-// guard of HAMi-core's mounts (hami mode). Re-running changes nothing.
+// inject brings the containers of a GPU pod (or pod template) to what
+// gpupack admits: no owned environment on GPU containers, no
+// NVIDIA_VISIBLE_DEVICES on any other container (it would pick GPUs where
+// the NVIDIA toolkit still honours it), no volume named after gpupack's
+// hook, and in hami mode no tenant mount over HAMi-core. Nothing is added:
+// the device plugin delivers the hook. Re-running changes nothing.
 func (m *Mutator) inject(s *corev1.PodSpec, reqs []gpureq.Request) ([]string, error) {
 	var warn []string
-	fractional := false
+	anyGPU := false
+	for _, req := range reqs {
+		anyGPU = anyGPU || req.Kind != gpureq.NoGPU
+	}
+	if !anyGPU {
+		return nil, nil
+	}
 	for i, req := range reqs {
-		if req.Kind == gpureq.NoGPU {
-			continue
-		}
 		c := &s.Containers[i]
-		w, err := m.ownEnv(c, req)
+		var w []string
+		var err error
+		if req.Kind == gpureq.NoGPU {
+			w, err = m.stripVisibleDevices(c)
+		} else {
+			w, err = m.ownEnv(c)
+		}
 		if err != nil {
 			return warn, err
 		}
 		warn = append(warn, w...)
-		switch {
-		case req.Kind == gpureq.Converted:
-			fractional = true
-			warn = append(warn, m.mountHook(c)...)
-		case req.Kind == gpureq.Fractional && m.cfg.hami():
+		if req.Kind == gpureq.Fractional && m.cfg.hami() {
 			warn = append(warn, m.guardHAMiHook(c)...)
 		}
 	}
-	if fractional {
-		m.hookVolumes(s)
+	for i := range s.InitContainers {
+		w, err := m.stripVisibleDevices(&s.InitContainers[i])
+		if err != nil {
+			return warn, err
+		}
+		warn = append(warn, w...)
+	}
+	warn = append(warn, m.stripOwnedVolumes(s)...)
+	return warn, nil
+}
+
+// stripVisibleDevices removes NVIDIA_VISIBLE_DEVICES from a container of a
+// GPU pod that gets no GPU from gpupack (init containers, CPU sidecars).
+func (m *Mutator) stripVisibleDevices(c *corev1.Container) ([]string, error) {
+	var warn []string
+	kept := c.Env[:0:0]
+	for _, e := range c.Env {
+		if e.Name != v1alpha1.EnvVisibleDevices {
+			kept = append(kept, e)
+			continue
+		}
+		if m.cfg.EnvPolicy == EnvPolicyDeny {
+			return nil, fmt.Errorf("container %q sets %s; in a GPU pod gpupack owns it (GPUs come from the device plugin); remove it", c.Name, e.Name)
+		}
+		warn = append(warn, fmt.Sprintf("container %q: removed %s; in a GPU pod GPUs come from gpupack's device plugin", c.Name, e.Name))
+	}
+	if len(kept) != len(c.Env) {
+		if len(kept) == 0 {
+			kept = nil
+		}
+		c.Env = kept
 	}
 	return warn, nil
 }
@@ -544,8 +574,16 @@ func (m *Mutator) SyncPyTorchJob(j *kftraining.PyTorchJob) {
 // injects differently sends pods of older templates through the webhook.
 func (m *Mutator) Fingerprint() string { return m.fingerprint }
 
+// injectionVersion changes whenever the rules a pod must meet change
+// without changing the probe's mutation (2: every container covered, hook
+// delivered by the device plugin).
+const injectionVersion = "2"
+
 func (m *Mutator) computeFingerprint() string {
 	h := sha256.New()
+	// The probe pod shows what this release injects; the version names
+	// what it refuses, which a probe cannot show.
+	fmt.Fprintln(h, injectionVersion)
 	cfg, _ := json.Marshal(m.cfg)
 	h.Write(cfg)
 	gpus := resource.MustParse("1")
@@ -642,47 +680,6 @@ func setEnv(c *corev1.Container, e corev1.EnvVar) {
 
 const etcPreload = "/etc/ld.so.preload"
 
-// mountHook mounts the library, the preload file and the per-pod shared
-// cache. Tenant mounts at those paths are replaced (they could unload the hook).
-func (m *Mutator) mountHook(c *corev1.Container) []string {
-	h := m.cfg.Hook
-	want := []corev1.VolumeMount{{Name: VolumeHook, MountPath: h.MountPath, ReadOnly: true}}
-	if h.Preload == PreloadFile {
-		want = append(want, corev1.VolumeMount{Name: VolumeHook, MountPath: etcPreload, SubPath: h.PreloadFile, ReadOnly: true})
-	}
-	// subPathExpr gives each container its own directory <host>/<pod UID>/<container>,
-	// so tenants cannot read or poison each other's accounting.
-	want = append(want, corev1.VolumeMount{Name: VolumeSharedCache, MountPath: h.SharedCacheMountPath, SubPathExpr: "$(" + EnvPodUID + ")/" + c.Name})
-	paths := map[string]bool{}
-	for _, w := range want {
-		paths[w.MountPath] = true
-	}
-	var warn []string
-	placed := map[string]bool{}
-	kept := c.VolumeMounts[:0:0]
-	for _, vm := range c.VolumeMounts {
-		if !paths[vm.MountPath] && vm.Name != VolumeHook && vm.Name != VolumeSharedCache {
-			kept = append(kept, vm)
-			continue
-		}
-		if i := indexMount(want, vm.MountPath); i >= 0 && equality.Semantic.DeepEqual(want[i], vm) && !placed[vm.MountPath] {
-			placed[vm.MountPath] = true
-			kept = append(kept, vm)
-			continue
-		}
-		if vm.Name != VolumeHook && vm.Name != VolumeSharedCache {
-			warn = append(warn, fmt.Sprintf("container %q: replaced the mount at %s; gpupack mounts its GPU hook there", c.Name, vm.MountPath))
-		}
-	}
-	for _, w := range want {
-		if !placed[w.MountPath] {
-			kept = append(kept, w)
-		}
-	}
-	c.VolumeMounts = kept
-	return warn
-}
-
 // guardHAMiHook removes, in hami mode, mounts that would shadow what HAMi's
 // device plugin mounts at Allocate (/etc/ld.so.preload and HAMi-core's
 // folder, hook.mountPath): kubelet applies pod-spec mounts after a device
@@ -707,21 +704,6 @@ func (m *Mutator) guardHAMiHook(c *corev1.Container) []string {
 	}
 	c.VolumeMounts = kept
 	return warn
-}
-
-func indexMount(vms []corev1.VolumeMount, path string) int {
-	for i := range vms {
-		if vms[i].MountPath == path {
-			return i
-		}
-	}
-	return -1
-}
-
-func (m *Mutator) hookVolumes(s *corev1.PodSpec) {
-	dir, dirOrCreate := corev1.HostPathDirectory, corev1.HostPathDirectoryOrCreate
-	setVolume(s, corev1.Volume{Name: VolumeHook, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: m.cfg.Hook.HostPath, Type: &dir}}})
-	setVolume(s, corev1.Volume{Name: VolumeSharedCache, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: m.cfg.Hook.SharedCacheHostPath, Type: &dirOrCreate}}})
 }
 
 func setVolume(s *corev1.PodSpec, v corev1.Volume) {

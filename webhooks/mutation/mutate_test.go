@@ -79,71 +79,97 @@ func TestWholeGPUStaysExclusive(t *testing.T) {
 	}
 }
 
-func TestPodHookInjection(t *testing.T) {
-	m := mustNew(t, Config{})
-	p := makePod("p").nodeSelector(flavors.LabelGPUProduct, h100).ann(v1alpha1.AnnotationGPUMemory, "10Gi").ann(v1alpha1.AnnotationGPUCores, "50").
-		ctr(makeCtr("gpu").gpus("1").env("HOME", "/root").obj()).
-		ctr(makeCtr("cpu").env(v1alpha1.EnvLDPreload, "/mine.so").obj()).obj()
-	p.Spec.InitContainers = []corev1.Container{makeCtr("init").env(v1alpha1.EnvLDPreload, "/x.so").obj()}
-	warn, err := m.Pod(p, PodContext{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(warn) != 0 {
-		t.Errorf("warnings: %q", warn)
-	}
-	c := p.Spec.Containers[0]
-	wantEnv := []corev1.EnvVar{
-		{Name: "HOME", Value: "/root"},
-		{Name: EnvPodUID, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "metadata.uid"}}},
-		{Name: v1alpha1.EnvMemoryLimit, Value: "10240m"},
-		{Name: v1alpha1.EnvSMLimit, Value: "50"},
-		{Name: v1alpha1.EnvSharedCache, Value: "/var/run/gpupack/vgpu.cache"},
-	}
-	if d := cmp.Diff(wantEnv, c.Env); d != "" {
-		t.Errorf("env (-want +got):\n%s", d)
-	}
-	wantMounts := []corev1.VolumeMount{
-		{Name: VolumeHook, MountPath: v1alpha1.DefaultHookHostPath, ReadOnly: true},
-		{Name: VolumeHook, MountPath: "/etc/ld.so.preload", SubPath: "ld.so.preload", ReadOnly: true},
-		{Name: VolumeSharedCache, MountPath: "/var/run/gpupack", SubPathExpr: "$(GPUPACK_POD_UID)/gpu"},
-	}
-	if d := cmp.Diff(wantMounts, c.VolumeMounts); d != "" {
-		t.Errorf("mounts (-want +got):\n%s", d)
-	}
-	if got := len(p.Spec.Volumes); got != 2 || p.Spec.Volumes[0].HostPath == nil || p.Spec.Volumes[0].HostPath.Path != v1alpha1.DefaultHookHostPath ||
-		p.Spec.Volumes[1].HostPath.Path != v1alpha1.DefaultSharedCacheDir {
-		t.Errorf("volumes = %+v", p.Spec.Volumes)
-	}
-	if d := cmp.Diff([]corev1.EnvVar{{Name: v1alpha1.EnvLDPreload, Value: "/mine.so"}}, p.Spec.Containers[1].Env); d != "" {
-		t.Errorf("non-GPU container touched (-want +got):\n%s", d)
-	}
-	if d := cmp.Diff([]corev1.EnvVar{{Name: v1alpha1.EnvLDPreload, Value: "/x.so"}}, p.Spec.InitContainers[0].Env); d != "" {
-		t.Errorf("init container touched (-want +got):\n%s", d)
-	}
-	if len(p.Spec.SchedulingGates) != 0 {
-		t.Errorf("gate without plan: %v", p.Spec.SchedulingGates)
+// gpupack mode: the device plugin delivers the hook and the limits, so a
+// shared-GPU pod gets no hostPath volume, no mount and no hook env — only
+// its converted resources — and stays admissible under Pod Security
+// baseline. The preload setting no longer matters.
+func TestPodGetsNoHostPathOrHookEnv(t *testing.T) {
+	for _, preload := range []string{PreloadFile, PreloadEnv} {
+		m := mustNew(t, Config{Hook: HookConfig{Preload: preload}})
+		p := makePod("p").nodeSelector(flavors.LabelGPUProduct, h100).ann(v1alpha1.AnnotationGPUMemory, "10Gi").ann(v1alpha1.AnnotationGPUCores, "50").
+			ctr(makeCtr("gpu").gpus("1").env("HOME", "/root").obj()).
+			ctr(makeCtr("cpu").env(v1alpha1.EnvLDPreload, "/mine.so").obj()).obj()
+		p.Spec.InitContainers = []corev1.Container{makeCtr("init").env(v1alpha1.EnvLDPreload, "/x.so").obj()}
+		warn, err := m.Pod(p, PodContext{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(warn) != 0 {
+			t.Errorf("%s: warnings: %q", preload, warn)
+		}
+		c := p.Spec.Containers[0]
+		if d := cmp.Diff([]corev1.EnvVar{{Name: "HOME", Value: "/root"}}, c.Env); d != "" {
+			t.Errorf("%s: env (-want +got):\n%s", preload, d)
+		}
+		if len(c.VolumeMounts) != 0 || len(p.Spec.Volumes) != 0 {
+			t.Errorf("%s: mounts %v volumes %v, want none", preload, c.VolumeMounts, p.Spec.Volumes)
+		}
+		if d := cmp.Diff(rl(vgpu, "1", gmem, "10240", gcor, "50"), c.Resources.Limits); d != "" {
+			t.Errorf("%s: limits (-want +got):\n%s", preload, d)
+		}
+		if d := cmp.Diff([]corev1.EnvVar{{Name: v1alpha1.EnvLDPreload, Value: "/mine.so"}}, p.Spec.Containers[1].Env); d != "" {
+			t.Errorf("non-GPU container touched (-want +got):\n%s", d)
+		}
+		if d := cmp.Diff([]corev1.EnvVar{{Name: v1alpha1.EnvLDPreload, Value: "/x.so"}}, p.Spec.InitContainers[0].Env); d != "" {
+			t.Errorf("init container touched (-want +got):\n%s", d)
+		}
+		if len(p.Spec.SchedulingGates) != 0 {
+			t.Errorf("gate without plan: %v", p.Spec.SchedulingGates)
+		}
 	}
 }
 
-func TestPreloadEnvMode(t *testing.T) {
-	m := mustNew(t, Config{Hook: HookConfig{Preload: PreloadEnv, HostPath: "/opt/hook", MountPath: "/hook"}})
-	p := makePod("p").ann(v1alpha1.AnnotationGPUMemory, "1000").ctr(makeCtr("gpu").gpus("1").obj()).obj()
-	if _, err := m.Pod(p, PodContext{}); err != nil {
-		t.Fatal(err)
+// Pods and templates from an older release (hostPath volumes named
+// gpupack-hook / gpupack-cache) and tenants imitating them lose the
+// volumes and every mount of them, in every container.
+func TestOwnedVolumesRemoved(t *testing.T) {
+	m := mustNew(t, Config{})
+	dir := corev1.HostPathDirectory
+	legacy := []corev1.Volume{
+		{Name: VolumeHook, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: v1alpha1.DefaultHookHostPath, Type: &dir}}},
+		{Name: VolumeSharedCache, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: v1alpha1.DefaultSharedCacheDir}}},
 	}
-	var preload string
-	for _, e := range p.Spec.Containers[0].Env {
-		if e.Name == v1alpha1.EnvLDPreload {
-			preload = e.Value
+	tenant := []corev1.Volume{{Name: VolumeSharedCache, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/var/lib/gpupack"}}},
+		{Name: "data", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
+	for _, tc := range []struct {
+		name  string
+		vols  []corev1.Volume
+		warns int
+	}{{"legacy", legacy, 0}, {"tenant", tenant, 1}} {
+		gpuC := makeCtr("gpu").gpus("1").obj()
+		gpuC.VolumeMounts = []corev1.VolumeMount{{Name: VolumeHook, MountPath: "/usr/local/gpupack"}, {Name: VolumeSharedCache, MountPath: "/var/run/gpupack"}}
+		side := makeCtr("side").obj()
+		side.VolumeMounts = []corev1.VolumeMount{{Name: VolumeSharedCache, MountPath: "/steal"}, {Name: "data", MountPath: "/data"}}
+		initC := makeCtr("init").obj()
+		initC.VolumeMounts = []corev1.VolumeMount{{Name: VolumeHook, MountPath: "/hook"}}
+		always := corev1.ContainerRestartPolicyAlways
+		sidecar := makeCtr("sidecar").obj()
+		sidecar.RestartPolicy = &always
+		sidecar.VolumeMounts = []corev1.VolumeMount{{Name: VolumeSharedCache, MountPath: "/cache"}}
+		p := makePod("p").nodeSelector(flavors.LabelGPUProduct, h100).ann(v1alpha1.AnnotationGPUMemory, "1000").ctr(gpuC).ctr(side).obj()
+		p.Spec.InitContainers = []corev1.Container{initC, sidecar}
+		p.Spec.Volumes = append([]corev1.Volume(nil), tc.vols...)
+		warn, err := m.Pod(p, PodContext{})
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
 		}
-	}
-	if preload != "/hook/"+v1alpha1.HookLibraryName {
-		t.Errorf("LD_PRELOAD = %q", preload)
-	}
-	for _, vm := range p.Spec.Containers[0].VolumeMounts {
-		if vm.MountPath == "/etc/ld.so.preload" {
-			t.Errorf("Env mode mounts /etc/ld.so.preload")
+		if len(warn) != tc.warns {
+			t.Errorf("%s: warnings %q, want %d", tc.name, warn, tc.warns)
+		}
+		for _, v := range p.Spec.Volumes {
+			if ownedVolume(v.Name) {
+				t.Errorf("%s: volume %q kept", tc.name, v.Name)
+			}
+		}
+		for _, kc := range allContainers(&p.Spec) {
+			for _, vm := range kc.c.VolumeMounts {
+				if ownedVolume(vm.Name) {
+					t.Errorf("%s: %s %q still mounts %q", tc.name, kc.kind, kc.c.Name, vm.Name)
+				}
+			}
+		}
+		if err := m.ValidatePod(p); err != nil {
+			t.Errorf("%s: not a fixed point: %v", tc.name, err)
 		}
 	}
 }
@@ -164,12 +190,11 @@ func TestOwnedEnv(t *testing.T) {
 	for _, e := range p.Spec.Containers[0].Env {
 		names = append(names, e.Name+"="+e.Value)
 	}
-	want := []string{"CUDA_DEVICE_MEMORY_LIMIT=1000m", "KEEP=1", EnvPodUID + "=", "CUDA_DEVICE_MEMORY_SHARED_CACHE=/var/run/gpupack/vgpu.cache"}
+	want := []string{"KEEP=1"}
 	if d := cmp.Diff(want, names); d != "" {
 		t.Errorf("env (-want +got):\n%s", d)
 	}
-	// The tenant's CUDA_DEVICE_MEMORY_LIMIT equals what gpupack sets: no warning for it.
-	if len(warn) != 4 || !strings.Contains(strings.Join(warn, "\n"), `removed LD_PRELOAD`) {
+	if len(warn) != 5 || !strings.Contains(strings.Join(warn, "\n"), `removed LD_PRELOAD`) {
 		t.Errorf("warnings = %q", warn)
 	}
 
@@ -185,22 +210,47 @@ func TestOwnedEnv(t *testing.T) {
 	}
 }
 
-func TestTenantPreloadMountReplaced(t *testing.T) {
+// No container of a GPU pod — regular, CPU sidecar, init, restartable
+// sidecar — may mount over the paths where gpupack-node's device plugin
+// mounts the hook, its preload file, the limits file or the accounting
+// directory: kubelet applies pod-spec mounts after a device plugin's, so
+// the tenant's would win. Paths are compared cleaned.
+func TestTenantMountOverGpupackPathsDenied(t *testing.T) {
 	m := mustNew(t, Config{})
-	c := makeCtr("gpu").gpus("1").obj()
-	c.VolumeMounts = []corev1.VolumeMount{{Name: "mine", MountPath: "/etc/ld.so.preload"}, {Name: "data", MountPath: "/data"}}
-	p := makePod("p").nodeSelector(flavors.LabelGPUProduct, h100).ann(v1alpha1.AnnotationGPUMemory, "1000").ctr(c).obj()
-	warn, err := m.Pod(p, PodContext{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(warn) != 1 || !strings.Contains(warn[0], "replaced the mount at /etc/ld.so.preload") {
-		t.Errorf("warn = %q", warn)
-	}
-	for _, vm := range p.Spec.Containers[0].VolumeMounts {
-		if vm.MountPath == "/etc/ld.so.preload" && vm.Name != VolumeHook {
-			t.Errorf("tenant preload mount survived: %+v", vm)
+	always := corev1.ContainerRestartPolicyAlways
+	for _, path := range []string{"/etc/ld.so.preload", "/usr/local/gpupack", "/usr/local/gpupack/libgpupack-hook.so", "/etc/gpupack", "/etc/gpupack/limits",
+		"/etc//gpupack/", "/var/run/gpupack", "/run/gpupack/x", "/etc/gpupack/podinfo"} {
+		for _, where := range []string{"gpu", "cpu", "init", "sidecar"} {
+			gpuC := makeCtr("gpu").gpus("1").obj()
+			cpuC := makeCtr("cpu").obj()
+			initC := makeCtr("init").obj()
+			side := makeCtr("sidecar").obj()
+			side.RestartPolicy = &always
+			vm := corev1.VolumeMount{Name: "mine", MountPath: path}
+			switch where {
+			case "gpu":
+				gpuC.VolumeMounts = []corev1.VolumeMount{vm}
+			case "cpu":
+				cpuC.VolumeMounts = []corev1.VolumeMount{vm}
+			case "init":
+				initC.VolumeMounts = []corev1.VolumeMount{vm}
+			case "sidecar":
+				side.VolumeMounts = []corev1.VolumeMount{vm}
+			}
+			p := makePod("p").nodeSelector(flavors.LabelGPUProduct, h100).ann(v1alpha1.AnnotationGPUMemory, "1000").ctr(gpuC).ctr(cpuC).obj()
+			p.Spec.InitContainers = []corev1.Container{initC, side}
+			_, err := m.Pod(p, PodContext{})
+			if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("%q mounts volume \"mine\" at %s", where, path)) {
+				t.Errorf("mount at %s in %s: err = %v", path, where, err)
+			}
 		}
+	}
+	// Elsewhere (including a parent, which the runtime mounts first) is fine.
+	c := makeCtr("gpu").gpus("1").obj()
+	c.VolumeMounts = []corev1.VolumeMount{{Name: "a", MountPath: "/etc/gpupack-other"}, {Name: "b", MountPath: "/data"}, {Name: "c", MountPath: "/usr/local"}}
+	p := makePod("p").nodeSelector(flavors.LabelGPUProduct, h100).ann(v1alpha1.AnnotationGPUMemory, "1000").ctr(c).obj()
+	if _, err := m.Pod(p, PodContext{}); err != nil {
+		t.Errorf("mounts elsewhere: %v", err)
 	}
 }
 
@@ -385,8 +435,8 @@ func TestJobTemplateOwnedEnv(t *testing.T) {
 				t.Fatal(err)
 			}
 			tmpl := templateOf(obj, "Worker")
-			if got := envOf(tmpl.Spec.Containers[0]); fmt.Sprint(got) != "[KEEP=me GPUPACK_POD_UID= CUDA_DEVICE_MEMORY_LIMIT=20480m CUDA_DEVICE_MEMORY_SHARED_CACHE=/var/run/gpupack/vgpu.cache]" {
-				t.Errorf("GPU container env %v, want KEEP and gpupack's own values", got)
+			if got := envOf(tmpl.Spec.Containers[0]); fmt.Sprint(got) != "[KEEP=me]" {
+				t.Errorf("GPU container env %v, want KEEP alone", got)
 			}
 			if got := envOf(tmpl.Spec.Containers[1]); fmt.Sprint(got) != "[LD_PRELOAD=/mine.so]" {
 				t.Errorf("CPU container env %v, want untouched", got)

@@ -131,7 +131,7 @@ func TestSyncTemplate(t *testing.T) {
 	// A forged or stale marker does not survive a sync.
 	forged := created.DeepCopy()
 	forged.Spec.Template.Annotations[v1alpha1.AnnotationInjected] = "0000000000000000"
-	forged.Spec.Template.Spec.Containers[0].Env = nil // not what gpupack injects
+	forged.Spec.Template.Spec.Containers[0].Env = []corev1.EnvVar{{Name: v1alpha1.EnvDisableControl, Value: "1"}} // not what gpupack admits
 	m.SyncJob(forged)
 	if _, ok := forged.Spec.Template.Annotations[v1alpha1.AnnotationInjected]; ok {
 		t.Error("a template that is not a fixed point kept a marker")

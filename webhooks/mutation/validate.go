@@ -127,6 +127,9 @@ func (m *Mutator) ValidateJobUpdate(old, cur *batchv1.Job) error {
 	if err := m.ownedEnvAdded("pod template", nonNil(cur.Annotations), &old.Spec.Template, &cur.Spec.Template); err != nil {
 		return err
 	}
+	if err := m.securityBroken("pod template", &old.Spec.Template, &cur.Spec.Template); err != nil {
+		return err
+	}
 	k, ok := changed(old.Annotations, cur.Annotations)
 	if !ok {
 		k, ok = changed(old.Spec.Template.Annotations, cur.Spec.Template.Annotations)
@@ -152,6 +155,9 @@ func (m *Mutator) ValidatePyTorchJobUpdate(old, cur *kftraining.PyTorchJob) erro
 			ot = &o.Template
 		}
 		if err := m.ownedEnvAdded("replica "+string(rt), nonNil(cur.Annotations), ot, &c.Template); err != nil {
+			return err
+		}
+		if err := m.securityBroken("replica "+string(rt), ot, &c.Template); err != nil {
 			return err
 		}
 	}
@@ -217,4 +223,31 @@ func (m *Mutator) ownedEnvAdded(where string, jobAnn map[string]string, old, cur
 		}
 	}
 	return nil
+}
+
+// securityBroken refuses an update that makes a job's GPU template break
+// the every-container rules (privilege, host namespaces, GPUs in init
+// containers, mounts over gpupack's paths) when the old template met them:
+// its pods would be denied one by one, where nobody reads the message, so
+// whoever edits the job hears it now. A template that already broke them
+// (created before this release) does not block Kueue's and the operators'
+// own updates.
+func (m *Mutator) securityBroken(where string, old, cur *corev1.PodTemplateSpec) error {
+	check := func(t *corev1.PodTemplateSpec) error {
+		if err := initContainersAskGPU(&t.Spec); err != nil {
+			return err
+		}
+		if !m.isGPUPod(&corev1.Pod{Spec: t.Spec}) {
+			return nil
+		}
+		return m.podSecurity(&t.Spec)
+	}
+	err := check(cur)
+	if err == nil {
+		return nil
+	}
+	if old != nil && check(old) != nil {
+		return nil
+	}
+	return fmt.Errorf("%s: %w", where, err)
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	kueue "sigs.k8s.io/kueue/apis/kueue/v1beta2"
 	"sigs.k8s.io/yaml"
@@ -269,6 +270,12 @@ func ptrTo[T any](v T) *T { return &v }
 // describes, pointed at the gpupack-webhook Service.
 func TestEvictionWebhookMatchesPreemption(t *testing.T) {
 	want := preemption.EvictionWebhookConfiguration(Namespace, webhooks.DefaultServeOptions().ServiceName)
+	// The manifests scope it like the GPU webhooks (issue 14): kube-system's
+	// and gpupack's own pods are never held.
+	for i := range want.Webhooks {
+		want.Webhooks[i].NamespaceSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
+			Key: "kubernetes.io/metadata.name", Operator: metav1.LabelSelectorOpNotIn, Values: []string{"kube-system", Namespace}}}}
+	}
 	for name, objs := range map[string][]*unstructured.Unstructured{
 		"kustomize": Kustomize(t, "manifests/overlays/default"),
 		"helm":      Helm(t),

@@ -120,8 +120,8 @@ func TestPodFastPath(t *testing.T) {
 	if got := job.Spec.Template.Annotations[v1alpha1.AnnotationInjected]; got != serve.TemplateFingerprint {
 		t.Fatalf("template marker %q, want %q", got, serve.TemplateFingerprint)
 	}
-	if v, ok := envValue(&corev1.Pod{Spec: job.Spec.Template.Spec}, v1alpha1.EnvMemoryLimit); !ok || v != "20480m" {
-		t.Fatalf("template not injected: %v", job.Spec.Template.Spec.Containers[0].Env)
+	if q := job.Spec.Template.Spec.Containers[0].Resources.Limits[v1alpha1.ResourceGPUMemory]; q.Value() != 20480 {
+		t.Fatalf("template not converted: %v", job.Spec.Template.Spec.Containers[0].Resources)
 	}
 	if _, ok := envValue(&corev1.Pod{Spec: job.Spec.Template.Spec}, v1alpha1.EnvLDPreload); ok {
 		t.Fatal("tenant LD_PRELOAD survived in the template")
@@ -153,8 +153,8 @@ func TestPodFastPath(t *testing.T) {
 	if d := podMutations(t) - before; d != 0 {
 		t.Errorf("the pod webhook answered %v times for the controller's pod from a marked template", d)
 	}
-	if v, _ := envValue(fast, v1alpha1.EnvMemoryLimit); v != "20480m" {
-		t.Errorf("fast-path pod env %v", fast.Spec.Containers[0].Env)
+	if q := fast.Spec.Containers[0].Resources.Limits[v1alpha1.ResourceGPUMemory]; q.Value() != 20480 || len(fast.Spec.Volumes) != 0 {
+		t.Errorf("fast-path pod: resources %v, volumes %v", fast.Spec.Containers[0].Resources, fast.Spec.Volumes)
 	}
 
 	// Everything else still meets the webhook.

@@ -112,12 +112,8 @@ func TestPyTorchJobPlacedOnPlan(t *testing.T) {
 	for _, p := range pods {
 		key := fmt.Sprintf("worker/%s", p.Labels["training.kubeflow.org/replica-index"])
 		got[key] = p.Spec.NodeName + " " + p.Annotations[v1alpha1.AnnotationDevices]
-		env := map[string]string{}
-		for _, e := range p.Spec.Containers[0].Env {
-			env[e.Name] = e.Value
-		}
-		if env[v1alpha1.EnvMemoryLimit] != "20480m" {
-			t.Errorf("pod %s: %s = %q, want 20480m", p.Name, v1alpha1.EnvMemoryLimit, env[v1alpha1.EnvMemoryLimit])
+		if len(p.Spec.Volumes) != 0 || len(p.Spec.Containers[0].Env) != 0 {
+			t.Errorf("pod %s: volumes %v env %v, want none (the device plugin delivers hook and limits)", p.Name, p.Spec.Volumes, p.Spec.Containers[0].Env)
 		}
 		if q := p.Spec.Containers[0].Resources.Requests[v1alpha1.ResourceGPUMemory]; q.Value() != 20480 {
 			t.Errorf("pod %s: gpu-memory request %s", p.Name, q.String())

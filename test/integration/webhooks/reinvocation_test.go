@@ -71,8 +71,8 @@ func TestLaterWebhookUndoesInjection(t *testing.T) {
 
 	p := pod(once, "p")
 	env.MustCreate(t, p)
-	if got := limit(p); got != "20480m" {
-		t.Errorf("first-round undo: stored %s = %q, want gpupack's 20480m (reinvocation re-strips)", v1alpha1.EnvMemoryLimit, got)
+	if got := limit(p); got != "" {
+		t.Errorf("first-round undo: stored %s = %q, want none (reinvocation re-strips)", v1alpha1.EnvMemoryLimit, got)
 	}
 
 	p = pod(again, "p")
@@ -110,20 +110,25 @@ func TestLaterWebhookUndoesInjection(t *testing.T) {
 var seqStrict atomic.Int64
 
 // undoLimit is a webhook that does what a careless sidecar injector might:
-// it sets CUDA_DEVICE_MEMORY_LIMIT to the whole GPU.
+// it sets CUDA_DEVICE_MEMORY_LIMIT to the whole GPU (harmless where the
+// hook reads /etc/gpupack/limits, but still not what gpupack admits).
 func undoLimit(_ context.Context, req admission.Request) admission.Response {
 	p := &corev1.Pod{}
 	if err := json.Unmarshal(req.Object.Raw, p); err != nil {
 		return admission.Errored(http.StatusBadRequest, err)
 	}
 	c := &p.Spec.Containers[0]
+	found := false
 	for i := range c.Env {
 		if c.Env[i].Name == v1alpha1.EnvMemoryLimit {
 			if c.Env[i].Value == "80g" {
 				return admission.Allowed("")
 			}
-			c.Env[i].Value = "80g"
+			c.Env[i].Value, found = "80g", true
 		}
+	}
+	if !found {
+		c.Env = append(c.Env, corev1.EnvVar{Name: v1alpha1.EnvMemoryLimit, Value: "80g"})
 	}
 	out, err := json.Marshal(p)
 	if err != nil {

@@ -2,8 +2,11 @@ package webhooks
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -20,6 +23,9 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	kruntime "k8s.io/apimachinery/pkg/runtime"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
@@ -113,6 +119,10 @@ func TestPodCreateThroughput(t *testing.T) {
 	objs = append(objs, scoped("slow-", variants[jobSlow].ns, "", webhooks.DefaultServeOptions(), true)...)
 	objs = append(objs, scoped("cpu-", variants[cpuGpupack].ns, "", fast, true)...)
 	env.InstallWebhooks(t, opts, objs...)
+	// gpupack's shipped ValidatingAdmissionPolicies (manifests/base/policy),
+	// bound to the gpupack variants' namespaces only, so the baselines stay
+	// without them.
+	installPolicies(t, env, []string{variants[1].ns, variants[2].ns, variants[jobFast].ns, variants[jobSlow].ns, variants[cpuGpupack].ns})
 	// The same one-label mutation without any webhook: a CEL policy the
 	// apiserver applies in-process (no round trip, no JSON review), which
 	// bounds what any pod mutation at creation costs here.
@@ -351,4 +361,54 @@ func webhookLatency(t *testing.T, env *framework.Env, name string) (string, stri
 		return "+Inf"
 	}
 	return q(0.5), q(0.99)
+}
+
+// installPolicies creates gpupack's shipped ValidatingAdmissionPolicies
+// with their bindings limited to namespaces, and waits until they apply.
+func installPolicies(t *testing.T, env *framework.Env, namespaces []string) {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(framework.RepoRoot(), "manifests", "base", "policy", "*.yaml"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("policies: %v", err)
+	}
+	sel := &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "kubernetes.io/metadata.name", Operator: metav1.LabelSelectorOpIn, Values: namespaces}}}
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
+		for {
+			u := &unstructured.Unstructured{}
+			if err := dec.Decode(&u.Object); err != nil {
+				if errors.Is(err, io.EOF) {
+					break
+				}
+				t.Fatal(err)
+			}
+			if len(u.Object) == 0 {
+				continue
+			}
+			if u.GetKind() == "ValidatingAdmissionPolicyBinding" {
+				var b admissionregistrationv1.ValidatingAdmissionPolicyBinding
+				if err := runtimeConvert(u, &b); err != nil {
+					t.Fatal(err)
+				}
+				b.Spec.MatchResources = &admissionregistrationv1.MatchResources{NamespaceSelector: sel}
+				env.MustCreate(t, &b)
+				continue
+			}
+			env.MustCreate(t, u)
+		}
+	}
+	env.Eventually(t, 30*time.Second, "the placement policy applies", func() (bool, string) {
+		p := gpuPod(namespaces[0], fmt.Sprintf("probe-%d", time.Now().UnixNano()), nil, corev1.Container{})
+		p.Annotations = map[string]string{v1alpha1.AnnotationDevices: "GPU-x:1"}
+		err := env.Client.Create(env.Ctx, p)
+		return err != nil && strings.Contains(err.Error(), "gpupack-placement"), fmt.Sprint(err)
+	})
+}
+
+func runtimeConvert(u *unstructured.Unstructured, into any) error {
+	return kruntime.DefaultUnstructuredConverter.FromUnstructured(u.Object, into)
 }

@@ -1,0 +1,283 @@
+// Package security runs the API-side attacks of issue 14 through a real
+// kube-apiserver (its PodSecurity admission is on), as tenant users with
+// the `edit` ClusterRole in one namespace, against gpupack's webhooks and
+// the shipped RBAC and ValidatingAdmissionPolicies (manifests/base/rbac,
+// manifests/base/policy). Each attack must be denied or have no effect.
+// The node side (device plugin, limits file, hook) is tested in
+// test/integration/node and devicehook.
+package security
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/apiserver/pkg/admission/plugin/policy/validating"
+	"k8s.io/apiserver/pkg/cel/openapi/resolver"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
+	"github.com/gpupack/gpupack/flavors"
+	"github.com/gpupack/gpupack/test/framework"
+	"github.com/gpupack/gpupack/webhooks"
+)
+
+const (
+	managerUser = "system:serviceaccount:gpupack-system:gpupack-manager"
+	nodeUser    = "system:serviceaccount:gpupack-system:gpupack-node"
+	nodeClaim   = "authentication.kubernetes.io/node-name"
+	h100        = "NVIDIA-H100-80GB-HBM3"
+)
+
+// cluster is one control plane with gpupack's webhooks, RBAC and policies.
+type cluster struct {
+	env *framework.Env
+	// baseline enforces Pod Security "baseline"; open has no Pod Security
+	// label, so only gpupack stands between a tenant and the node.
+	baseline, open string
+	// alice has `edit` in both namespaces.
+	alice client.Client
+	// aliceCS is alice as a clientset (subresources).
+	aliceCS *kubernetes.Clientset
+}
+
+// readObjects decodes every object of the YAML files matched by glob
+// (relative to the repo root).
+func readObjects(t *testing.T, glob string) []*unstructured.Unstructured {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(framework.RepoRoot(), glob))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("%s: %v (%d files)", glob, err, len(files))
+	}
+	var out []*unstructured.Unstructured
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
+		for {
+			u := &unstructured.Unstructured{}
+			if err := dec.Decode(&u.Object); err != nil {
+				if errors.Is(err, io.EOF) {
+					break
+				}
+				t.Fatalf("%s: %v", f, err)
+			}
+			if len(u.Object) > 0 {
+				out = append(out, u)
+			}
+		}
+	}
+	return out
+}
+
+func startCluster(t *testing.T) *cluster {
+	t.Helper()
+	env := framework.Start(t, framework.Options{NoKueue: true})
+	c := &cluster{env: env}
+	// The shipped RBAC and policies, as written (no kustomize needed: the
+	// base files name gpupack-system themselves).
+	for _, glob := range []string{"manifests/base/rbac/*.yaml", "manifests/base/policy/*.yaml"} {
+		for _, u := range readObjects(t, glob) {
+			if err := env.Client.Create(env.Ctx, u); err != nil && !apierrors.IsAlreadyExists(err) {
+				t.Fatalf("%s %s: %v", u.GetKind(), u.GetName(), err)
+			}
+		}
+	}
+	opts := env.WebhookServer()
+	env.StartManager(t, func(mgr ctrl.Manager) error { return webhooks.Setup(mgr, webhooks.Config{}) }, opts)
+	mwc, vwc := webhooks.WebhookConfigurations(webhooks.DefaultServeOptions())
+	env.InstallWebhooks(t, opts, mwc, vwc)
+
+	aggregate(t, env, "view") // edit aggregates view
+	aggregate(t, env, "edit")
+	c.baseline = env.Namespace(t, "team-a")
+	c.open = env.Namespace(t, "team-b")
+	ns := &corev1.Namespace{}
+	if err := env.Client.Get(env.Ctx, client.ObjectKey{Name: c.baseline}, ns); err != nil {
+		t.Fatal(err)
+	}
+	ns.Labels["pod-security.kubernetes.io/enforce"] = "baseline"
+	if err := env.Client.Update(env.Ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{c.baseline, c.open} {
+		env.MustCreate(t, &rbacv1.RoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: "alice-edit", Namespace: n},
+			RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "edit"},
+			Subjects:   []rbacv1.Subject{{Kind: "User", APIGroup: "rbac.authorization.k8s.io", Name: "alice"}},
+		})
+	}
+	// kubectl debug: `edit` does not grant ephemeral containers; a
+	// platform that lets tenants debug adds this.
+	env.MustCreate(t, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "debug", Namespace: c.open},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods/ephemeralcontainers"}, Verbs: []string{"update", "patch"}}}})
+	env.MustCreate(t, &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "alice-debug", Namespace: c.open},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "debug"},
+		Subjects:   []rbacv1.Subject{{Kind: "User", APIGroup: "rbac.authorization.k8s.io", Name: "alice"}},
+	})
+	cfg := env.UserConfig(t, "alice")
+	var err error
+	if c.alice, err = client.New(cfg, client.Options{Scheme: env.Scheme}); err != nil {
+		t.Fatal(err)
+	}
+	if c.aliceCS, err = kubernetes.NewForConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	c.waitForPolicies(t)
+	return c
+}
+
+// waitForPolicies type-checks every shipped policy against the
+// apiserver's own schemas (what kube-controller-manager's status
+// controller does, which this control plane does not run) and waits until
+// the apiserver enforces them.
+func (c *cluster) waitForPolicies(t *testing.T) {
+	t.Helper()
+	env := c.env
+	dc, err := discovery.NewDiscoveryClientForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checker := &validating.TypeChecker{
+		SchemaResolver: &resolver.ClientDiscoveryResolver{Discovery: dc},
+		RestMapper:     env.Client.RESTMapper(),
+	}
+	var list admissionregistrationv1.ValidatingAdmissionPolicyList
+	if err := env.Client.List(env.Ctx, &list); err != nil {
+		t.Fatal(err)
+	}
+	if len(list.Items) < 4 {
+		t.Fatalf("%d policies installed, want gpupack's 4", len(list.Items))
+	}
+	for i := range list.Items {
+		if w := checker.Check(&list.Items[i]); len(w) > 0 {
+			t.Fatalf("policy %s does not type-check: %+v", list.Items[i].Name, w)
+		}
+	}
+	// Enforced: a CPU pod carrying gpupack.io/devices is refused.
+	env.Eventually(t, 30*time.Second, "placement policy enforced", func() (bool, string) {
+		p := cpuPod(c.open, "probe")
+		p.GenerateName, p.Name = "probe-", ""
+		p.Annotations = map[string]string{v1alpha1.AnnotationDevices: "GPU-x:1"}
+		err := c.alice.Create(env.Ctx, p)
+		if err == nil {
+			_ = env.Client.Delete(env.Ctx, p)
+			return false, "created"
+		}
+		return strings.Contains(err.Error(), "gpupack-placement"), err.Error()
+	})
+}
+
+// aggregate fills an aggregated ClusterRole's rules from the roles its
+// aggregationRule selects, as kube-controller-manager's clusterrole
+// aggregation controller does (this control plane runs no controller
+// manager), so `edit` is the real bootstrap role.
+func aggregate(t *testing.T, env *framework.Env, name string) {
+	t.Helper()
+	role := &rbacv1.ClusterRole{}
+	if err := env.Client.Get(env.Ctx, client.ObjectKey{Name: name}, role); err != nil {
+		t.Fatal(err)
+	}
+	var rules []rbacv1.PolicyRule
+	for _, sel := range role.AggregationRule.ClusterRoleSelectors {
+		s, err := metav1.LabelSelectorAsSelector(&sel)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var list rbacv1.ClusterRoleList
+		if err := env.Client.List(env.Ctx, &list, client.MatchingLabelsSelector{Selector: s}); err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range list.Items {
+			rules = append(rules, r.Rules...)
+		}
+	}
+	role.Rules = rules
+	if err := env.Client.Update(env.Ctx, role); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// as returns a client for user impersonated with extra (the admin may
+// impersonate; RBAC and the policies see the impersonated user).
+func (c *cluster) as(t *testing.T, user string, groups []string, extra map[string][]string) client.Client {
+	t.Helper()
+	cfg := rest.CopyConfig(c.env.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: user, Groups: groups, Extra: extra}
+	cl, err := client.New(cfg, client.Options{Scheme: c.env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cl
+}
+
+func (c *cluster) manager(t *testing.T) client.Client {
+	return c.as(t, managerUser, []string{"system:serviceaccounts", "system:serviceaccounts:gpupack-system", "system:authenticated"}, nil)
+}
+
+func (c *cluster) node(t *testing.T, name string) client.Client {
+	var extra map[string][]string
+	if name != "" {
+		extra = map[string][]string{nodeClaim: {name}}
+	}
+	return c.as(t, nodeUser, []string{"system:serviceaccounts", "system:serviceaccounts:gpupack-system", "system:authenticated"}, extra)
+}
+
+func rl(kv ...string) corev1.ResourceList {
+	out := corev1.ResourceList{}
+	for i := 0; i < len(kv); i += 2 {
+		out[corev1.ResourceName(kv[i])] = resource.MustParse(kv[i+1])
+	}
+	return out
+}
+
+// gpuPod is a fractional GPU pod that Pod Security baseline admits.
+func gpuPod(ns, name string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Annotations: map[string]string{v1alpha1.AnnotationGPUMemory: "4Gi"}},
+		Spec: corev1.PodSpec{
+			NodeSelector: map[string]string{flavors.LabelGPUProduct: h100},
+			Containers: []corev1.Container{{Name: "trainer", Image: "trainer:test",
+				Resources: corev1.ResourceRequirements{Limits: rl(v1alpha1.ResourceNvidiaGPU, "1")}}},
+		},
+	}
+}
+
+func cpuPod(ns, name string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "busybox"}}},
+	}
+}
+
+// denied fails unless err is a refusal whose message contains want.
+func denied(t *testing.T, what string, err error, want string) {
+	t.Helper()
+	if err == nil {
+		t.Errorf("%s: allowed, want denied (%q)", what, want)
+		return
+	}
+	if !strings.Contains(err.Error(), want) {
+		t.Errorf("%s: err = %v, want one containing %q", what, err, want)
+	}
+}

@@ -1,0 +1,307 @@
+package mutation
+
+import (
+	"fmt"
+	"path"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
+)
+
+// The rules of this file cover every container of a GPU pod — regular,
+// init (including restartable sidecars) and ephemeral — because each one
+// shares the pod's volumes and can be what a tenant uses to reach the GPU
+// hook, the limits file or the node (docs/security.md).
+
+// Paths inside a container that gpupack-node's device plugin mounts at
+// Allocate (DESIGN.md "Trust boundary"): a tenant mount at or under one of
+// them would shadow the hook, its preload file, the trusted limits file or
+// the accounting directory, because kubelet applies pod-spec mounts after a
+// device plugin's.
+const (
+	LimitsDir  = "/etc/gpupack"
+	LimitsFile = LimitsDir + "/limits"
+)
+
+// guardedPaths are the container paths no tenant mount may be at or under
+// (gpupack mode). /run/gpupack is listed beside /var/run/gpupack because
+// most images make /var/run a symlink to /run.
+func (m *Mutator) guardedPaths() []string {
+	h := m.cfg.Hook
+	out := []string{}
+	for _, p := range []string{h.MountPath, etcPreload, LimitsDir, h.SharedCacheMountPath, "/var/run/gpupack", "/run/gpupack"} {
+		p = path.Clean(p)
+		dup := false
+		for _, q := range out {
+			dup = dup || q == p
+		}
+		if !dup && p != "/" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// ownedVolume reports the volume names gpupack reserves for the hook. Old
+// releases added them (hostPath volumes); this one adds none in gpupack
+// mode, so a pod or template carrying one lost it.
+func ownedVolume(name string) bool { return name == VolumeHook || name == VolumeSharedCache }
+
+// ownMount reports gpupack's own mounts (the checkpoint agent's): those may
+// sit under a guarded path.
+func ownMount(vm corev1.VolumeMount) bool {
+	return (vm.Name == VolumePodInfo && path.Clean(vm.MountPath) == PodInfoDir) || (vm.Name == VolumeCkptBin && path.Clean(vm.MountPath) == CkptBinDir)
+}
+
+// under reports whether p is g or below it.
+func under(p, g string) bool {
+	p = path.Clean("/" + p)
+	return p == g || strings.HasPrefix(p, g+"/")
+}
+
+// baselineCapabilities are the capabilities Pod Security "baseline" lets a
+// container add (k8s.io/pod-security-admission, policy capabilities_baseline).
+var baselineCapabilities = map[string]bool{
+	"AUDIT_WRITE": true, "CHOWN": true, "DAC_OVERRIDE": true, "FOWNER": true, "FSETID": true, "KILL": true, "MKNOD": true,
+	"NET_BIND_SERVICE": true, "SETFCAP": true, "SETGID": true, "SETPCAP": true, "SETUID": true, "SYS_CHROOT": true,
+}
+
+// capName normalises a capability as the container runtimes read it
+// ("cap_sys_admin" and "SYS_ADMIN" are the same capability).
+func capName(c corev1.Capability) string {
+	return strings.TrimPrefix(strings.ToUpper(strings.TrimSpace(string(c))), "CAP_")
+}
+
+// securityContextError returns why a container's security context can
+// escape GPU isolation, or "".
+func securityContextError(sc *corev1.SecurityContext) string {
+	if sc == nil {
+		return ""
+	}
+	if sc.Privileged != nil && *sc.Privileged {
+		return "is privileged (a privileged container sees every GPU of the node and can unmount the GPU hook)"
+	}
+	if sc.Capabilities != nil {
+		for _, c := range sc.Capabilities.Add {
+			if !baselineCapabilities[capName(c)] {
+				return fmt.Sprintf("adds capability %s, beyond the Pod Security baseline set (CAP_SYS_ADMIN can unmount the GPU hook, CAP_SYS_PTRACE can reach into other processes)", c)
+			}
+		}
+	}
+	if sc.ProcMount != nil && *sc.ProcMount == corev1.UnmaskedProcMount {
+		return "asks for procMount: Unmasked"
+	}
+	return ""
+}
+
+// kindedContainer is one container of a pod with what the messages call it.
+type kindedContainer struct {
+	kind string // "container", "init container", "ephemeral container"
+	c    *corev1.Container
+}
+
+// allContainers lists every container of s, ephemeral ones as containers
+// (only the fields they share matter here).
+func allContainers(s *corev1.PodSpec) []kindedContainer {
+	out := make([]kindedContainer, 0, len(s.Containers)+len(s.InitContainers)+len(s.EphemeralContainers))
+	for i := range s.Containers {
+		out = append(out, kindedContainer{"container", &s.Containers[i]})
+	}
+	for i := range s.InitContainers {
+		kind := "init container"
+		if p := s.InitContainers[i].RestartPolicy; p != nil && *p == corev1.ContainerRestartPolicyAlways {
+			kind = "sidecar container"
+		}
+		out = append(out, kindedContainer{kind, &s.InitContainers[i]})
+	}
+	for i := range s.EphemeralContainers {
+		c := corev1.Container(s.EphemeralContainers[i].EphemeralContainerCommon)
+		out = append(out, kindedContainer{"ephemeral container", &c})
+	}
+	return out
+}
+
+// gpuResourceNames are every resource that asks for a GPU or a share of one.
+var gpuResourceNames = []corev1.ResourceName{v1alpha1.ResourceNvidiaGPU, v1alpha1.ResourceVGPU, v1alpha1.ResourceGPUMemory, v1alpha1.ResourceGPUCores,
+	v1alpha1.AnnotationHAMiGPUMem, v1alpha1.AnnotationHAMiGPUMemPercentage, v1alpha1.AnnotationHAMiGPUCores}
+
+func asksGPU(c *corev1.Container) bool {
+	for _, r := range gpuResourceNames {
+		if _, ok := c.Resources.Limits[r]; ok {
+			return true
+		}
+		if _, ok := c.Resources.Requests[r]; ok {
+			return true
+		}
+	}
+	return false
+}
+
+// initContainersAskGPU refuses GPUs in init containers and restartable
+// sidecars: gpupack plans, converts and serves GPUs to regular containers
+// only (the choice docs/webhooks.md explains).
+func initContainersAskGPU(s *corev1.PodSpec) error {
+	for i := range s.InitContainers {
+		c := &s.InitContainers[i]
+		if !asksGPU(c) {
+			continue
+		}
+		kind := "init container"
+		if p := c.RestartPolicy; p != nil && *p == corev1.ContainerRestartPolicyAlways {
+			kind = "sidecar container (restartPolicy: Always)"
+		}
+		return fmt.Errorf("%s %q asks for GPUs; gpupack gives GPUs (and their memory limits) to regular containers only, so move the GPU work into a container of spec.containers", kind, c.Name)
+	}
+	return nil
+}
+
+// podSecurity refuses a GPU pod whose settings reach past its own GPUs:
+// host namespaces, and in any container privilege, capabilities beyond
+// Pod Security baseline, an unmasked /proc, or a mount over gpupack's
+// paths (gpupack mode).
+func (m *Mutator) podSecurity(s *corev1.PodSpec) error {
+	if s.HostPID {
+		return fmt.Errorf("the pod asks for GPUs and sets hostPID; with the node's processes in view it could reach other tenants' GPU processes, so gpupack denies it")
+	}
+	if s.HostIPC {
+		return fmt.Errorf("the pod asks for GPUs and sets hostIPC; gpupack denies it (the node's shared memory is not the pod's to use)")
+	}
+	guarded := m.guardedPaths()
+	for _, kc := range allContainers(s) {
+		if why := securityContextError(kc.c.SecurityContext); why != "" {
+			return fmt.Errorf("%s %q %s; gpupack denies that in a pod that asks for GPUs", kc.kind, kc.c.Name, why)
+		}
+		if m.cfg.hami() {
+			continue // HAMi's paths are guarded on its GPU containers (guardHAMiHook)
+		}
+		for _, vm := range kc.c.VolumeMounts {
+			if ownedVolume(vm.Name) || ownMount(vm) {
+				continue // removed (or gpupack's own)
+			}
+			for _, g := range guarded {
+				if under(vm.MountPath, g) {
+					return fmt.Errorf("%s %q mounts volume %q at %s, where gpupack-node mounts the GPU hook, its limits or its accounting (%s); mount it elsewhere", kc.kind, kc.c.Name, vm.Name, vm.MountPath, g)
+				}
+			}
+		}
+		for _, d := range kc.c.VolumeDevices {
+			for _, g := range guarded {
+				if under(d.DevicePath, g) {
+					return fmt.Errorf("%s %q puts device %q at %s, where gpupack-node mounts the GPU hook, its limits or its accounting (%s); use another path", kc.kind, kc.c.Name, d.Name, d.DevicePath, g)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// stripOwnedVolumes removes the volumes named after gpupack's hook and
+// every mount of them: this release delivers the hook through the device
+// plugin, so such a volume is either left from an older release (a
+// hostPath to the node's hook directory or accounting files) or a tenant's
+// attempt to look like one. Either way no container may keep it. gpupack's
+// own old hostPath volumes go silently.
+func (m *Mutator) stripOwnedVolumes(s *corev1.PodSpec) []string {
+	var warn []string
+	kept := s.Volumes[:0:0]
+	for _, v := range s.Volumes {
+		if !ownedVolume(v.Name) {
+			kept = append(kept, v)
+			continue
+		}
+		if !m.legacyHookVolume(v) {
+			warn = append(warn, fmt.Sprintf("removed volume %q; the name is reserved for gpupack's GPU hook", v.Name))
+		}
+	}
+	if len(kept) != len(s.Volumes) {
+		if len(kept) == 0 {
+			kept = nil
+		}
+		s.Volumes = kept
+	}
+	strip := func(c *corev1.Container) {
+		k := c.VolumeMounts[:0:0]
+		for _, vm := range c.VolumeMounts {
+			if !ownedVolume(vm.Name) {
+				k = append(k, vm)
+			}
+		}
+		if len(k) != len(c.VolumeMounts) {
+			if len(k) == 0 {
+				k = nil
+			}
+			c.VolumeMounts = k
+		}
+	}
+	for i := range s.Containers {
+		strip(&s.Containers[i])
+	}
+	for i := range s.InitContainers {
+		strip(&s.InitContainers[i])
+	}
+	return warn
+}
+
+// legacyHookVolume reports a hostPath volume as gpupack's older releases
+// wrote it.
+func (m *Mutator) legacyHookVolume(v corev1.Volume) bool {
+	hp := v.HostPath
+	if hp == nil {
+		return false
+	}
+	switch v.Name {
+	case VolumeHook:
+		return hp.Path == m.cfg.Hook.HostPath
+	case VolumeSharedCache:
+		return hp.Path == m.cfg.Hook.SharedCacheHostPath
+	}
+	return false
+}
+
+// ValidateEphemeralContainers checks a pod's ephemeral containers (the
+// pods/ephemeralcontainers subresource, `kubectl debug`): in a pod that
+// asks for GPUs none may be privileged, add capabilities beyond Pod
+// Security baseline, unmask /proc, mount gpupack's volumes or paths, or set
+// an environment key gpupack owns. They are denied rather than changed:
+// the subresource is written by a person at a terminal, who sees the
+// message.
+func (m *Mutator) ValidateEphemeralContainers(p *corev1.Pod) error {
+	if len(p.Spec.EphemeralContainers) == 0 || !m.isGPUPod(p) {
+		return nil
+	}
+	guarded := m.guardedPaths()
+	for i := range p.Spec.EphemeralContainers {
+		c := corev1.Container(p.Spec.EphemeralContainers[i].EphemeralContainerCommon)
+		if why := securityContextError(c.SecurityContext); why != "" {
+			return fmt.Errorf("ephemeral container %q %s; gpupack denies that in a pod that asks for GPUs", c.Name, why)
+		}
+		for _, vm := range c.VolumeMounts {
+			if ownedVolume(vm.Name) {
+				return fmt.Errorf("ephemeral container %q mounts volume %q, which is reserved for gpupack's GPU hook", c.Name, vm.Name)
+			}
+			for _, g := range guarded {
+				if under(vm.MountPath, g) {
+					return fmt.Errorf("ephemeral container %q mounts volume %q at %s, where gpupack-node mounts the GPU hook, its limits or its accounting (%s); mount it elsewhere", c.Name, vm.Name, vm.MountPath, g)
+				}
+			}
+		}
+		for _, e := range c.Env {
+			if owned(e.Name) {
+				return fmt.Errorf("ephemeral container %q sets %s, which gpupack owns in GPU pods; remove it", c.Name, e.Name)
+			}
+		}
+	}
+	return nil
+}
+
+// isGPUPod reports whether a pod asks for GPUs in any container.
+func (m *Mutator) isGPUPod(p *corev1.Pod) bool {
+	for _, kc := range allContainers(&p.Spec) {
+		if asksGPU(kc.c) {
+			return true
+		}
+	}
+	return false
+}
