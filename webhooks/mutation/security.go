@@ -168,6 +168,12 @@ func (m *Mutator) podSecurity(s *corev1.PodSpec) error {
 	if s.HostIPC {
 		return fmt.Errorf("the pod asks for GPUs and sets hostIPC; gpupack denies it (the node's shared memory is not the pod's to use)")
 	}
+	if s.NodeName != "" {
+		// The kubelet does not tell a device plugin which pod it allocates
+		// for, so a pod that skips the scheduler (and with it the placement
+		// gate and the plan) could be handed a planned pod's GPUs and limits.
+		return fmt.Errorf("the pod asks for GPUs and sets spec.nodeName %q; GPU pods are placed by the scheduler after gpupack's plan, so remove nodeName (use a nodeSelector or node affinity)", s.NodeName)
+	}
 	guarded := m.guardedPaths()
 	for _, kc := range allContainers(s) {
 		if why := securityContextError(kc.c.SecurityContext); why != "" {

@@ -62,7 +62,11 @@ func TestGPUPodPrivilegeDenied(t *testing.T) {
 				}
 			}
 		}
-		for name, set := range map[string]func(*corev1.PodSpec){"hostPID": func(s *corev1.PodSpec) { s.HostPID = true }, "hostIPC": func(s *corev1.PodSpec) { s.HostIPC = true }} {
+		for name, set := range map[string]func(*corev1.PodSpec){
+			"hostPID": func(s *corev1.PodSpec) { s.HostPID = true }, "hostIPC": func(s *corev1.PodSpec) { s.HostIPC = true },
+			// Skipping the scheduler skips the placement gate and the plan.
+			"spec.nodeName": func(s *corev1.PodSpec) { s.NodeName = "n1" },
+		} {
 			p := makePod("p").ann(v1alpha1.AnnotationGPUMemory, "1000").ctr(makeCtr("gpu").gpus("1").obj()).obj()
 			set(&p.Spec)
 			if _, err := m.Pod(p, PodContext{}); err == nil || !strings.Contains(err.Error(), "sets "+name) {
