@@ -170,7 +170,7 @@ static void init_once(void)
 {
 	if (gp.real_dlsym == NULL)
 		resolve_real_dlsym();
-	gp_config_from_env(&gp.cfg, environ);
+	gp_config_load(&gp.cfg, environ, GP_LIMITS_PATH);
 	gp.libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
 	if (gp.libcuda == NULL)
 		gp_log(GP_LOG_WARN, "libcuda.so.1 not found: %s", dlerror());

@@ -37,7 +37,15 @@ struct gp_config {
 	int any_mem_limit;
 	int any_sm_limit;
 	char shared_cache[1024];        /* "" = private accounting */
+	int from_file;                  /* limits came from the trusted file */
+	int fail_closed;                /* the trusted file is unusable: refuse all */
 };
+
+/* The trusted limits file, written and mounted read-only by gpupack-node's
+ * device plugin. A compile-time constant on purpose: nothing a tenant
+ * controls (no environment variable) may point the hook elsewhere. */
+#define GP_LIMITS_PATH "/etc/gpupack/limits"
+#define GP_LIMITS_MAX (64 * 1024)
 
 /* Pure parsers (fuzzed). Return 0 on success, -1 on malformed input. */
 int gp_parse_size(const char *s, uint64_t *out);
@@ -46,6 +54,15 @@ int gp_parse_bool(const char *s, int *out);
 /* Fills c from an environ-style array. Every malformed value is reported
  * through the log at ERROR level and replaced by its safe fallback. */
 void gp_config_from_env(struct gp_config *c, char *const *envp);
+/* Fills c from the text of a limits file (KEY=VALUE lines; see config.c).
+ * 0 on success; -1 when the file is unparsable, with c set to refuse every
+ * allocation and the reason (one line) in err. Pure: no I/O, no logging. */
+int gp_config_from_file(struct gp_config *c, const char *buf, size_t len, char *err, size_t errlen);
+/* The whole rule: limits from the file at path when it exists (env keys
+ * ignored), fail closed when it exists but is unusable, the environment
+ * when it does not exist. The library passes GP_LIMITS_PATH only; the
+ * parameter exists for the parser's test program. */
+void gp_config_load(struct gp_config *c, char *const *envp, const char *path);
 void gp_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* ---- region.c ---------------------------------------------------------- */
