@@ -238,11 +238,13 @@ struct hdr {
 /* Device bytes: charged to F.used unless a pool has reserved them. */
 static int dev_take(int dev, uint64_t size)
 {
-	uint64_t used = atomic_fetch_add(&F.used[dev], size);
-	if (used + size > F.mem) {
-		atomic_fetch_sub(&F.used[dev], size);
-		return -1;
-	}
+	/* Like the real driver, a request larger than the device is refused
+	 * outright: no 64-bit wrap-around in the fake's own books. */
+	uint64_t used = atomic_load(&F.used[dev]);
+	do {
+		if (size > F.mem || used > F.mem - size)
+			return -1;
+	} while (!atomic_compare_exchange_weak(&F.used[dev], &used, used + size));
 	return 0;
 }
 

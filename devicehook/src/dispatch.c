@@ -183,12 +183,14 @@ static void init_once(void)
 	}
 	if (gp_table_init(&gp.table, 17) != 0)
 		gp_log(GP_LOG_ERROR, "cannot map the allocation table");
-	if (gp_region_open(&gp.region, gp.cfg.shared_cache) != 0 || gp_region_attach(&gp.region) != 0) {
-		gp_log(GP_LOG_ERROR, "no accounting region: memory limits refuse every allocation");
+	int ro = gp_region_open(&gp.region, gp.cfg.shared_cache);
+	if (ro == -1 || (ro == 0 && gp_region_attach(&gp.region) != 0))
+		gp_log(GP_LOG_ERROR, "no accounting region: every GPU memory allocation is refused");
+	if (ro != 0 || gp.region.slot < 0)
+		/* Fail closed (region_open logged why, once). */
 		for (int d = 0; d < GP_MAX_DEV; d++)
 			if (gp.cfg.mem_limit[d] != GP_UNLIMITED)
 				gp.cfg.mem_limit[d] = 0;
-	}
 	gp_limiter_setup();
 	pthread_atfork(NULL, NULL, atfork_child);
 	atomic_store(&gp.ready, 1);

@@ -400,6 +400,51 @@ static int cmd_threads(int n, long iters, uint64_t chunk)
 
 /* ctxgone CHUNK: blocks left in a destroyed context, or in a reset primary
  * context, are freed with it and must stop counting. */
+/* wrap CHUNK MS: hold one chunk, then for MS ms two threads ask for
+ * 2^64 - (what the container holds) while a third grabs chunks and keeps
+ * them. A wrapping add-then-check lets the third pass the limit. */
+static _Atomic int wr_stop;
+static _Atomic uint64_t wr_held;
+
+static void *wr_huge(void *arg)
+{
+	(void)arg;
+	A.p_cuCtxSetCurrent(th_ctx);
+	CUdeviceptr p;
+	while (!atomic_load(&wr_stop)) {
+		uint64_t h = atomic_load(&wr_held);
+		if (A.p_cuMemAlloc_v2(&p, (size_t)(0 - h)) == 0)
+			A.p_cuMemFree_v2(p);
+	}
+	return NULL;
+}
+
+static int cmd_wrap(uint64_t chunk, long ms)
+{
+	ctx(0);
+	A.p_cuDevicePrimaryCtxRetain(&th_ctx, 0);
+	CUdeviceptr p;
+	if (A.p_cuMemAlloc_v2(&p, chunk) != 0)
+		die("first chunk", 0);
+	atomic_store(&wr_held, chunk);
+	pthread_t t[2];
+	for (int i = 0; i < 2; i++)
+		pthread_create(&t[i], NULL, wr_huge, NULL);
+	uint64_t end = now_ns() + (uint64_t)ms * 1000000ull, max = 0;
+	while (now_ns() < end) {
+		if (A.p_cuMemAlloc_v2(&p, chunk) == 0)
+			atomic_fetch_add(&wr_held, chunk);
+		uint64_t u = fake_used(0);
+		if (u > max)
+			max = u;
+	}
+	atomic_store(&wr_stop, 1);
+	for (int i = 0; i < 2; i++)
+		pthread_join(t[i], NULL);
+	printf("held=%llu max_used=%llu\n", (unsigned long long)atomic_load(&wr_held), (unsigned long long)max);
+	return 0;
+}
+
 static int cmd_ctxgone(uint64_t chunk)
 {
 	A.p_cuInit(0);
@@ -658,6 +703,8 @@ int main(int argc, char **argv)
 		return cmd_threads(atoi(argv[3]), atol(argv[4]), strtoull(argv[5], NULL, 10));
 	if (!strcmp(c, "ctxgone"))
 		return cmd_ctxgone(a);
+	if (!strcmp(c, "wrap") && argc > 4)
+		return cmd_wrap(a, atol(argv[4]));
 	if (!strcmp(c, "vmmmap"))
 		return cmd_vmmmap(a);
 	if (!strcmp(c, "exec"))
