@@ -13,6 +13,11 @@ import (
 // device and returns each one's share of the simulated device time.
 func launchUtil(t testing.TB, api string, secs, warm float64, envs ...env) []float64 {
 	t.Helper()
+	return launchUtilMode(t, "gpa", api, secs, warm, envs...)
+}
+
+func launchUtilMode(t testing.TB, mode, api string, secs, warm float64, envs ...env) []float64 {
+	t.Helper()
 	state := filepath.Join(t.TempDir(), "device")
 	utils := make([]float64, len(envs))
 	var wg sync.WaitGroup
@@ -23,7 +28,7 @@ func launchUtil(t testing.TB, api string, secs, warm float64, envs ...env) []flo
 		for k, v := range e {
 			e2[k] = v
 		}
-		cmd := command(e2, "gpa", "launch", api, fmt.Sprint(secs), fmt.Sprint(warm))
+		cmd := command(e2, mode, "launch", api, fmt.Sprint(secs), fmt.Sprint(warm))
 		cmd.Stdout = &outs[i]
 		cmd.Stderr = &outs[i]
 		wg.Add(1)
@@ -42,32 +47,80 @@ func launchUtil(t testing.TB, api string, secs, warm float64, envs ...env) []flo
 	return utils
 }
 
-func limited(pct int) env {
-	return env{"CUDA_DEVICE_SM_LIMIT": fmt.Sprint(pct), "GPUPACK_SM_PERIOD_MS": "10"}.hooked()
+// limited is a container at pct % next to others on one device, as a real
+// node shows it: NVML samples every cadence ms (NOT_FOUND in between) and
+// numbers the container's processes with host pids (offset).
+func limitedAt(pct, cadenceMs, pidOffset int) env {
+	return env{"CUDA_DEVICE_SM_LIMIT": fmt.Sprint(pct), "GPUPACK_SM_PERIOD_MS": "10",
+		"FAKENVML_SAMPLE_MS": fmt.Sprint(cadenceMs), "FAKECUDA_PID_OFFSET": fmt.Sprint(pidOffset)}.hooked()
+}
+
+func limited(pct int) env { return limitedAt(pct, 167, 100000+pct*1000) }
+
+// How long a share test runs and how much of it is warm-up, for a cadence:
+// the limiter calibrates on the second sample.
+func spanFor(cadenceMs int) (secs, warm float64) {
+	if cadenceMs >= 1000 {
+		return 9, 4
+	}
+	return 4, 2
+}
+
+func within(t *testing.T, what string, got, want, band float64) {
+	t.Helper()
+	if math.Abs(got-want) > band {
+		t.Errorf("%s: got %.1f%% of the device, want %.0f%% ± %.0f", what, got, want, band)
+	}
+}
+
+// A 30 % container alone on an idle device stays at ~30 %: NOT_FOUND
+// between NVML samples is no information, not "0 % busy" (which doubled
+// the rate every period: 93.6 % at 1/6 s, 99.9 % at 1 s before).
+func TestSMLimiterHoldsTheCapAlone(t *testing.T) {
+	for _, cadence := range []int{167, 1000} {
+		t.Run(fmt.Sprintf("cadence=%dms", cadence), func(t *testing.T) {
+			secs, warm := spanFor(cadence)
+			got := launchUtil(t, "kernel", secs, warm, limitedAt(30, cadence, 100000))
+			t.Logf("30%% alone, NVML every %d ms, host pids: %.1f%%", cadence, got[0])
+			within(t, "30% alone", got[0], 30, 5)
+		})
+	}
 }
 
 // Two containers at 30 % and 70 % competing for one device get 30/70 of
-// its time (± 5 points); without the hook they would split it 50/50.
+// its time: each is charged only its own host pids (before, the
+// whole-device fallback charged each for the other: 0.7 % / 72 %).
 func TestSMLimiterShare3070(t *testing.T) {
-	got := launchUtil(t, "kernel", 3, 1, limited(30), limited(70))
-	t.Logf("device share with limits 30/70: %.1f / %.1f", got[0], got[1])
-	for i, want := range []float64{30, 70} {
-		if math.Abs(got[i]-want) > 5 {
-			t.Errorf("process limited to %.0f%% got %.1f%% of the device", want, got[i])
-		}
+	for _, cadence := range []int{167, 1000} {
+		t.Run(fmt.Sprintf("cadence=%dms", cadence), func(t *testing.T) {
+			secs, warm := spanFor(cadence)
+			got := launchUtil(t, "kernel", secs, warm, limitedAt(30, cadence, 100000), limitedAt(70, cadence, 200000))
+			t.Logf("30/70, NVML every %d ms, host pids: %.1f / %.1f", cadence, got[0], got[1])
+			within(t, "the 30% container", got[0], 30, 5)
+			within(t, "the 70% container", got[1], 70, 5)
+		})
 	}
+}
+
+// A 30 % container next to an unlimited one still gets its 30 % (before:
+// 0.6 %, charged for its neighbour, no floor).
+func TestSMLimiterNextToAnUnlimitedNeighbour(t *testing.T) {
+	neighbour := env{"FAKENVML_SAMPLE_MS": "167", "FAKECUDA_PID_OFFSET": "300000"}.hooked()
+	got := launchUtil(t, "kernel", 4, 2, limited(30), neighbour)
+	t.Logf("30%% next to an unlimited neighbour: %.1f / %.1f", got[0], got[1])
+	within(t, "the 30% container", got[0], 30, 5)
 }
 
 // Every launch API is throttled: a lone 30 % process does not take the
 // idle device (the unthrottled baseline would be ~100 %).
 func TestSMLimiterCoversEveryLaunchAPI(t *testing.T) {
-	for _, api := range []string{"kernel", "ex", "coop", "graph"} {
-		t.Run(api, func(t *testing.T) {
-			got := launchUtil(t, api, 3, 1, limited(30))[0]
-			if math.Abs(got-30) > 5 {
-				t.Errorf("%s launches limited to 30%% used %.1f%% of the device", api, got)
-			}
-		})
+	for _, mode := range []string{"gpa", "gpa-ptsz"} {
+		for _, api := range []string{"kernel", "ex", "coop", "graph"} {
+			t.Run(mode+"/"+api, func(t *testing.T) {
+				got := launchUtilMode(t, mode, api, 3, 1.5, limited(30))[0]
+				within(t, api+" launches limited to 30%", got, 30, 5)
+			})
+		}
 	}
 	if got := launchUtil(t, "kernel", 1.5, 0.5, env{}.hooked())[0]; got < 80 {
 		t.Errorf("unthrottled process used only %.1f%% of an idle device", got)
@@ -80,7 +133,7 @@ func TestSMLimitIsPerContainer(t *testing.T) {
 	cache := filepath.Join(t.TempDir(), "cache")
 	e := limited(30)
 	e["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = cache
-	got := launchUtil(t, "kernel", 3, 1, e, e)
+	got := launchUtil(t, "kernel", 4, 2, e, e)
 	t.Logf("two processes of one container at 30%%: %.1f + %.1f", got[0], got[1])
 	if sum := got[0] + got[1]; math.Abs(sum-30) > 5 {
 		t.Errorf("a container limited to 30%% used %.1f%% of the device (%.1f + %.1f)", sum, got[0], got[1])

@@ -14,12 +14,22 @@
  *    processes of a test, or private). A launch of g blocks of function
  *    "k<N>" occupies the device for g*N ns. The launch queue holds
  *    QUEUE_NS of work; a launch beyond it blocks, as the real driver does.
+ *    Each process's device time is also kept in BUCKET_NS buckets (a ring
+ *    of NBUCKET), so the fake NVML can report what ran in any past window
+ *    of the last second or two, as the real one samples it.
+ *  - Processes are numbered as a host would: FAKECUDA_PID_OFFSET (per
+ *    process, default 0) is added to getpid() wherever NVML reports a pid,
+ *    as for a container in its own pid namespace.
+ *  - Live contexts per process and device are counted in the shared state
+ *    (nvmlDeviceGetComputeRunningProcesses lists them).
  *  - cuGetProcAddress hands out versioned ABIs like the driver, and
  *    distinct functions for per-thread-default-stream (_ptsz) requests.
  *  - fakecuda_* functions expose counters to tests.
  */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -53,12 +63,24 @@ struct fake_pool {
 static struct fake_pool default_pool[MAXDEV];
 
 
+#define BUCKET_NS 1000000ull
+#define NBUCKET 2048
+
+struct bucket {
+	_Atomic uint64_t epoch; /* absolute bucket number; stale when != expected */
+	_Atomic uint64_t ns;
+};
+
 struct clock_state {
 	_Atomic uint64_t busy_until[MAXDEV];
 	struct {
 		_Atomic uint64_t pid;
 		_Atomic uint64_t busy[MAXDEV];
+		_Atomic uint64_t hostpid;
+		_Atomic int64_t ctxs[MAXDEV]; /* live contexts on each device */
+		_Atomic int64_t mem[MAXDEV];  /* device bytes this process holds */
 	} proc[MAXPROC];
+	struct bucket buckets[MAXPROC][MAXDEV][NBUCKET];
 };
 
 static struct {
@@ -117,15 +139,46 @@ static int proc_slot(void)
 	uint64_t pid = (uint64_t)getpid();
 	if (F.myproc >= 0 && atomic_load(&F.clk->proc[F.myproc].pid) == pid)
 		return F.myproc;
+	const char *off = getenv("FAKECUDA_PID_OFFSET");
+	uint64_t host = pid + (off ? strtoull(off, NULL, 10) : 0);
 	for (int i = 0; i < MAXPROC; i++) {
 		uint64_t z = 0;
 		if (atomic_load(&F.clk->proc[i].pid) == pid ||
 		    atomic_compare_exchange_strong(&F.clk->proc[i].pid, &z, pid)) {
+			atomic_store(&F.clk->proc[i].hostpid, host);
 			F.myproc = i;
 			return i;
 		}
 	}
 	return -1;
+}
+
+static void proc_mem(int dev, int64_t delta)
+{
+	int s = proc_slot();
+	if (s >= 0 && dev >= 0 && dev < MAXDEV)
+		atomic_fetch_add(&F.clk->proc[s].mem[dev], delta);
+}
+
+static void ctx_count(int dev, int delta)
+{
+	int s = proc_slot();
+	if (s >= 0 && dev >= 0 && dev < MAXDEV)
+		atomic_fetch_add(&F.clk->proc[s].ctxs[dev], delta);
+}
+
+/* Adds [start, end) of device time to this process's buckets. */
+static void bucket_add(int s, int dev, uint64_t start, uint64_t end)
+{
+	for (uint64_t b = start / BUCKET_NS; b * BUCKET_NS < end; b++) {
+		uint64_t lo = b * BUCKET_NS > start ? b * BUCKET_NS : start;
+		uint64_t hi = (b + 1) * BUCKET_NS < end ? (b + 1) * BUCKET_NS : end;
+		struct bucket *k = &F.clk->buckets[s][dev][b % NBUCKET];
+		uint64_t e = atomic_load(&k->epoch);
+		if (e != b && atomic_compare_exchange_strong(&k->epoch, &e, b))
+			atomic_store(&k->ns, 0);
+		atomic_fetch_add(&k->ns, hi - lo);
+	}
 }
 
 /* ---- test introspection -------------------------------------------------- */
@@ -134,6 +187,49 @@ EXPORT uint64_t fakecuda_used(int dev) { init(); return dev >= 0 && dev < MAXDEV
 EXPORT uint64_t fakecuda_alloc_calls(void) { return atomic_load(&F.alloc_calls); }
 EXPORT uint64_t fakecuda_mem(void) { init(); return F.mem; }
 EXPORT int fakecuda_ndev(void) { init(); return F.ndev; }
+
+/* Device time each process had on dev in [from, to) (monotonic ns, within
+ * the last NBUCKET buckets), with its host pid; only live processes that
+ * had some. For the fake NVML. */
+EXPORT int fakecuda_window(int dev, uint64_t from, uint64_t to, uint64_t *hostpids, uint64_t *busy, int max)
+{
+	init();
+	int n = 0;
+	for (int i = 0; i < MAXPROC && n < max; i++) {
+		uint64_t p = atomic_load(&F.clk->proc[i].pid);
+		if (p == 0 || (kill((pid_t)p, 0) != 0 && errno == ESRCH))
+			continue;
+		uint64_t sum = 0;
+		for (uint64_t b = from / BUCKET_NS; b < to / BUCKET_NS; b++) {
+			struct bucket *k = &F.clk->buckets[i][dev][b % NBUCKET];
+			if (atomic_load(&k->epoch) == b)
+				sum += atomic_load(&k->ns);
+		}
+		if (sum == 0)
+			continue;
+		hostpids[n] = atomic_load(&F.clk->proc[i].hostpid);
+		busy[n] = sum;
+		n++;
+	}
+	return n;
+}
+
+/* Live processes with a context on dev, by host pid, with the device
+ * memory each holds. */
+EXPORT int fakecuda_ctx_procs(int dev, uint64_t *hostpids, uint64_t *mem, int max)
+{
+	init();
+	int n = 0;
+	for (int i = 0; i < MAXPROC && n < max; i++) {
+		uint64_t p = atomic_load(&F.clk->proc[i].pid);
+		if (p == 0 || atomic_load(&F.clk->proc[i].ctxs[dev]) <= 0 || (kill((pid_t)p, 0) != 0 && errno == ESRCH))
+			continue;
+		int64_t m = atomic_load(&F.clk->proc[i].mem[dev]);
+		mem[n] = m > 0 ? (uint64_t)m : 0;
+		hostpids[n++] = atomic_load(&F.clk->proc[i].hostpid);
+	}
+	return n;
+}
 /* Cumulative simulated busy ns of every process that launched on dev. */
 EXPORT int fakecuda_busy(int dev, uint64_t *pids, uint64_t *busy, int max)
 {
@@ -185,7 +281,8 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d)
 	init();
 	if (d < 0 || d >= F.ndev)
 		return CUDA_ERROR_INVALID_VALUE;
-	atomic_fetch_add(&F.primary_refs[d], 1);
+	if (atomic_fetch_add(&F.primary_refs[d], 1) == 0)
+		ctx_count(d, 1);
 	*c = (CUcontext)&F.primary[d];
 	return CUDA_SUCCESS;
 }
@@ -193,7 +290,8 @@ EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d)
 {
 	if (d < 0 || d >= F.ndev || atomic_load(&F.primary_refs[d]) == 0)
 		return CUDA_ERROR_INVALID_CONTEXT;
-	atomic_fetch_sub(&F.primary_refs[d], 1);
+	if (atomic_fetch_sub(&F.primary_refs[d], 1) == 1)
+		ctx_count(d, -1);
 	return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice d) { (void)d; return CUDA_SUCCESS; }
@@ -205,6 +303,7 @@ static CUresult ctx_create(CUcontext *c, CUdevice d)
 	struct fake_ctx *x = malloc(sizeof *x);
 	x->dev = d;
 	x->primary = 0;
+	ctx_count(d, 1);
 	cur = x;
 	*c = (CUcontext)x;
 	return CUDA_SUCCESS;
@@ -219,6 +318,7 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext c)
 		return CUDA_ERROR_INVALID_CONTEXT;
 	if (cur == x)
 		cur = NULL;
+	ctx_count(x->dev, -1);
 	free(x);
 	return CUDA_SUCCESS;
 }
@@ -245,6 +345,7 @@ static int dev_take(int dev, uint64_t size)
 		if (size > F.mem || used > F.mem - size)
 			return -1;
 	} while (!atomic_compare_exchange_weak(&F.used[dev], &used, used + size));
+	proc_mem(dev, (int64_t)size);
 	return 0;
 }
 
@@ -266,8 +367,10 @@ static void *raw_alloc_in(int dev, uint64_t size, int low32, struct fake_pool *p
 			p = NULL;
 	}
 	if (p == NULL) {
-		if (pool == NULL)
+		if (pool == NULL) {
 			atomic_fetch_sub(&F.used[dev], size);
+			proc_mem(dev, -(int64_t)size);
+		}
 		return NULL;
 	}
 	struct hdr *h = (struct hdr *)p;
@@ -313,8 +416,10 @@ static CUresult raw_free(void *q)
 		pthread_mutex_lock(&h->pool->mu);
 		h->pool->live -= h->size; /* stays reserved by the pool */
 		pthread_mutex_unlock(&h->pool->mu);
-	} else
+	} else {
 		atomic_fetch_sub(&F.used[h->dev], h->size);
+		proc_mem(h->dev, -(int64_t)h->size);
+	}
 	if (h->maplen)
 		munmap(h, h->maplen);
 	else
@@ -392,6 +497,7 @@ EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
 	uint64_t want = round_granule(fp->live > keep ? fp->live : keep);
 	if (want < fp->reserved) {
 		atomic_fetch_sub(&F.used[fp->dev], fp->reserved - want);
+		proc_mem(fp->dev, -(int64_t)(fp->reserved - want));
 		fp->reserved = want;
 	}
 	pthread_mutex_unlock(&fp->mu);
@@ -401,6 +507,7 @@ EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
 {
 	struct fake_pool *fp = (struct fake_pool *)pool;
 	atomic_fetch_sub(&F.used[fp->dev], fp->reserved);
+	proc_mem(fp->dev, -(int64_t)fp->reserved);
 	free(pool);
 	return CUDA_SUCCESS;
 }
@@ -456,8 +563,10 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t n, const CUm
 	void *q = raw_alloc(dev, n, 0);
 	if (q == NULL)
 		return CUDA_ERROR_OUT_OF_MEMORY;
-	if (prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+	if (prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
 		atomic_fetch_sub(&F.used[dev], n); /* host memory: not on any device */
+		proc_mem(dev, -(int64_t)n);
+	}
 	*h = (CUmemGenericAllocationHandle)(uintptr_t)q;
 	return CUDA_SUCCESS;
 }
@@ -557,8 +666,10 @@ static CUresult run_on_clock(uint64_t ns)
 		start = bu > now ? bu : now;
 	} while (!atomic_compare_exchange_weak(&F.clk->busy_until[dev], &bu, start + ns));
 	int s = proc_slot();
-	if (s >= 0)
+	if (s >= 0) {
 		atomic_fetch_add(&F.clk->proc[s].busy[dev], ns);
+		bucket_add(s, dev, start, start + ns);
+	}
 	uint64_t end = start + ns;
 	if (end > now + QUEUE_NS) {
 		uint64_t wait = end - now - QUEUE_NS;

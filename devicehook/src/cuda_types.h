@@ -170,5 +170,11 @@ typedef struct {
 	unsigned int gpu;
 	unsigned int memory;
 } nvmlUtilization_t;
+typedef struct { /* nvmlProcessInfo_v2_t, as _v3 of the running-process queries fills it */
+	unsigned int pid; /* as the host (the driver's pid namespace) numbers it */
+	unsigned long long usedGpuMemory;
+	unsigned int gpuInstanceId;
+	unsigned int computeInstanceId;
+} nvmlProcessInfo_t;
 
 #endif

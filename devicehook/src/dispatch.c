@@ -28,6 +28,7 @@
 struct gp_state gp = {
 	.once = PTHREAD_ONCE_INIT,
 	.nvml_once = PTHREAD_ONCE_INIT,
+	.nvml_sym_once = PTHREAD_ONCE_INIT,
 	.primary_mu = PTHREAD_MUTEX_INITIALIZER,
 	.pools = {.mu = PTHREAD_MUTEX_INITIALIZER},
 	.vmm = {.mu = PTHREAD_MUTEX_INITIALIZER},
@@ -153,6 +154,10 @@ static void atfork_child(void)
 	for (int d = 0; d < GP_MAX_DEV; d++)
 		atomic_store(&gp.primary_refs[d], 0);
 	atomic_store(&gp.limiter_started, 0);
+	atomic_store(&gp.host_pid, 0); /* the child is another process to NVML */
+	atomic_store(&gp.host_pid_tried, 0);
+	atomic_store(&gp.host_ncands, 0);
+	atomic_store(&gp.host_probes, 0);
 	/* Locks another thread held at fork() stay locked in the child. */
 	for (int d = 0; d < GP_MAX_DEV; d++)
 		pthread_mutex_init(&gp.lim[d].mu, NULL);
@@ -180,6 +185,8 @@ static void init_once(void)
 		gp.pool_get_attr = (gp_fn_pool_attr)gp.real_dlsym(gp.libcuda, "cuMemPoolGetAttribute");
 		gp.dev_get_mempool = (gp_fn_dev_pool)gp.real_dlsym(gp.libcuda, "cuDeviceGetMemPool");
 		gp.pool_trim = (gp_fn_pool_trim)gp.real_dlsym(gp.libcuda, "cuMemPoolTrimTo");
+		gp.mem_alloc = (CUresult(*)(CUdeviceptr *, size_t))gp.real_dlsym(gp.libcuda, "cuMemAlloc_v2");
+		gp.mem_free = (CUresult(*)(CUdeviceptr))gp.real_dlsym(gp.libcuda, "cuMemFree_v2");
 	}
 	if (gp_table_init(&gp.table, 17) != 0)
 		gp_log(GP_LOG_ERROR, "cannot map the allocation table");
@@ -652,20 +659,31 @@ static CUresult ctx_settle(CUresult rc, CUcontext *ctx, int dev)
 	return settle(rc, rc == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*ctx : 0, GP_K_CTX, dev, gp.cfg.ctx_reserve);
 }
 
+/* A context creation through the driver, with this process's host pid
+ * resolved around it when the SM limiter needs it (limiter.c). */
+#define CREATE_CTX(dev, call)                                           \
+	({                                                              \
+		struct gp_pidsnap snap_;                                \
+		gp_hostpid_before((dev), &snap_);                       \
+		CUresult crc_ = (call);                                 \
+		gp_hostpid_after((dev), &snap_, crc_ == CUDA_SUCCESS);  \
+		crc_;                                                   \
+	})
+
 static int h_cuCtxCreate_v2(fn_cuCtxCreate_v2 real, CUcontext *ctx, unsigned int flags, CUdevice dev)
 {
 	CUresult rc = ctx_charge(dev);
-	return rc ? rc : ctx_settle(real(ctx, flags, dev), ctx, dev);
+	return rc ? rc : ctx_settle(CREATE_CTX(dev, real(ctx, flags, dev)), ctx, dev);
 }
 static int h_cuCtxCreate_v3(fn_cuCtxCreate_v3 real, CUcontext *ctx, void *params, int n, unsigned int flags, CUdevice dev)
 {
 	CUresult rc = ctx_charge(dev);
-	return rc ? rc : ctx_settle(real(ctx, params, n, flags, dev), ctx, dev);
+	return rc ? rc : ctx_settle(CREATE_CTX(dev, real(ctx, params, n, flags, dev)), ctx, dev);
 }
 static int h_cuCtxCreate_v4(fn_cuCtxCreate_v4 real, CUcontext *ctx, void *params, unsigned int flags, CUdevice dev)
 {
 	CUresult rc = ctx_charge(dev);
-	return rc ? rc : ctx_settle(real(ctx, params, flags, dev), ctx, dev);
+	return rc ? rc : ctx_settle(CREATE_CTX(dev, real(ctx, params, flags, dev)), ctx, dev);
 }
 static int h_cuCtxDestroy_v2(fn_cuCtxDestroy_v2 real, CUcontext ctx)
 {
@@ -678,7 +696,14 @@ static int h_cuCtxDestroy_v2(fn_cuCtxDestroy_v2 real, CUcontext ctx)
 }
 
 
+static int primary_retain(fn_cuDevicePrimaryCtxRetain real, CUcontext *ctx, CUdevice dev);
+
 static int h_cuDevicePrimaryCtxRetain(fn_cuDevicePrimaryCtxRetain real, CUcontext *ctx, CUdevice dev)
+{
+	return CREATE_CTX(dev, primary_retain(real, ctx, dev));
+}
+
+static int primary_retain(fn_cuDevicePrimaryCtxRetain real, CUcontext *ctx, CUdevice dev)
 {
 	if (!mem_on() || !gp_mem_limited(dev))
 		return real(ctx, dev);

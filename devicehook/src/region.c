@@ -62,7 +62,8 @@ struct gp_slot {
 	_Atomic uint64_t owner;      /* pid, or RECLAIM|reclaimer pid, or 0 */
 	_Atomic uint64_t start_time; /* /proc/<pid>/stat field 22; 0 = unknown */
 	_Atomic uint64_t used[GP_MAX_DEV];
-	uint64_t pad[6];
+	_Atomic uint64_t host_pid; /* as NVML numbers the owner; 0 = unknown */
+	uint64_t pad[5];
 } __attribute__((aligned(64)));
 
 struct gp_region {
@@ -200,6 +201,7 @@ static void zero_slot(struct gp_slot *s)
 {
 	for (int d = 0; d < GP_MAX_DEV; d++)
 		atomic_store(&s->used[d], 0);
+	atomic_store(&s->host_pid, 0);
 	atomic_store(&s->start_time, 0);
 }
 
@@ -353,6 +355,27 @@ int gp_region_pids(struct gp_region_handle *h, pid_t *out, int max)
 		uint64_t o = atomic_load(&h->r->slots[i].owner);
 		if (o != 0 && !(o & GP_RECLAIM))
 			out[n++] = (pid_t)o;
+	}
+	return n;
+}
+
+void gp_region_set_hostpid(struct gp_region_handle *h, unsigned hostpid)
+{
+	if (h->r && h->slot >= 0)
+		atomic_store(&h->r->slots[h->slot].host_pid, hostpid);
+}
+
+int gp_region_hostpids(struct gp_region_handle *h, unsigned *out, int max)
+{
+	int n = 0;
+	if (h->r == NULL)
+		return 0;
+	uint32_t hw = atomic_load(&h->r->hw);
+	for (uint32_t i = 0; i < hw && i < GP_MAX_SLOTS && n < max; i++) {
+		uint64_t o = atomic_load(&h->r->slots[i].owner);
+		uint64_t hp = atomic_load(&h->r->slots[i].host_pid);
+		if (o != 0 && !(o & GP_RECLAIM) && hp != 0)
+			out[n++] = (unsigned)hp;
 	}
 	return n;
 }

@@ -85,6 +85,10 @@ void gp_region_add(struct gp_region_handle *h, int dev, uint64_t size);
 void gp_region_release(struct gp_region_handle *h, int dev, uint64_t size);
 int gp_region_reclaim_dead(struct gp_region_handle *h);
 int gp_region_pids(struct gp_region_handle *h, pid_t *out, int max);
+/* Host pids (as NVML reports them) of the container's processes that
+ * resolved theirs; set our own once known. */
+void gp_region_set_hostpid(struct gp_region_handle *h, unsigned hostpid);
+int gp_region_hostpids(struct gp_region_handle *h, unsigned *out, int max);
 
 /* ---- account.c --------------------------------------------------------- */
 
@@ -154,22 +158,40 @@ uint64_t gp_mipmap_bytes(size_t w, size_t h, size_t d, int format, unsigned ch, 
 
 /* ---- limiter.c --------------------------------------------------------- */
 
+#define GP_RING 512
+
 struct gp_limiter {
 	int target;            /* percent; 0 = off */
 	pthread_mutex_t mu;
 	double rate;           /* cost units per second; 0 = not calibrated */
 	double tokens;
 	uint64_t last_ns;
-	_Atomic uint64_t launched; /* cost admitted since the last control tick */
+	_Atomic uint64_t launched; /* cost admitted since start (cumulative) */
 	_Atomic int waited;        /* a launch waited since the last tick */
-	unsigned long long last_sample_us;
-	int pids_visible; /* NVML has listed one of our pids at least once */
+	/* Control thread only: */
+	unsigned long long last_sample_us; /* newest NVML sample seen */
+	unsigned long long cadence_us;     /* smallest gap seen between samples */
+	double k;                          /* util percent per cost/s; 0 = unknown */
+	double floor;                      /* the rate is never set below this */
+	int ring_n, ring_i;                /* (time, cumulative cost) per tick */
+	struct {
+		unsigned long long us;
+		uint64_t cum;
+	} ring[GP_RING];
+	int warned;
 };
 
 void gp_limiter_setup(void);
 void gp_limiter_admit(int dev, uint64_t cost);
-/* One control step; exposed for tests of the controller. */
-double gp_limiter_next_rate(double rate, double target, double util, double observed, int waited);
+/* Host pid resolution around context creation (HAMi-core's method): the
+ * NVML process list before and after; one new pid = ours. */
+struct gp_pidsnap {
+	int ok;
+	unsigned n;
+	unsigned pids[64];
+};
+void gp_hostpid_before(int dev, struct gp_pidsnap *s);
+void gp_hostpid_after(int dev, struct gp_pidsnap *s, int created);
 
 /* ---- the state --------------------------------------------------------- */
 
@@ -209,6 +231,7 @@ typedef nvmlReturn_t (*gp_fn_nvml_procutil)(nvmlDevice_t, nvmlProcessUtilization
 typedef nvmlReturn_t (*gp_fn_nvml_util)(nvmlDevice_t, nvmlUtilization_t *);
 typedef nvmlReturn_t (*gp_fn_nvml_byindex)(unsigned int, nvmlDevice_t *);
 typedef nvmlReturn_t (*gp_fn_nvml_init)(void);
+typedef nvmlReturn_t (*gp_fn_nvml_procs)(nvmlDevice_t, unsigned int *, nvmlProcessInfo_t *);
 typedef CUresult (*gp_fn_pool_attr)(CUmemoryPool, int, void *);
 typedef CUresult (*gp_fn_dev_pool)(CUmemoryPool *, CUdevice);
 typedef CUresult (*gp_fn_pool_trim)(CUmemoryPool, size_t);
@@ -231,6 +254,16 @@ struct gp_state {
 	gp_fn_nvml_util nvml_util;
 	gp_fn_nvml_byindex nvml_byindex;
 	gp_fn_nvml_init nvml_init;
+	gp_fn_nvml_procs nvml_procs;     /* nvmlDeviceGetComputeRunningProcesses_v3 */
+	pthread_once_t nvml_sym_once;    /* the limiter's NVML symbols */
+	int nvml_ok;
+	_Atomic unsigned host_pid;       /* this process as NVML numbers it; 0 = unknown */
+	_Atomic int host_pid_tried;
+	unsigned host_cands[8];          /* ambiguous resolution: one of these */
+	_Atomic int host_ncands;
+	_Atomic int host_probes;         /* memory probes tried */
+	CUresult (*mem_alloc)(CUdeviceptr *, size_t); /* the driver's, for the probe */
+	CUresult (*mem_free)(CUdeviceptr);
 	struct gp_region_handle region;
 	struct gp_table table;
 	_Atomic int primary_refs[GP_MAX_DEV];
