@@ -20,6 +20,10 @@
  *  - Processes are numbered as a host would: FAKECUDA_PID_OFFSET (per
  *    process, default 0) is added to getpid() wherever NVML reports a pid,
  *    as for a container in its own pid namespace.
+ *  - A context costs FAKECUDA_CTX_MEM bytes of device memory (default 0,
+ *    the idealised driver older tests assume; real ones cost 300-600 MiB),
+ *    taken at creation (a primary context: at its first retain) and given
+ *    back at destruction.
  *  - Live contexts per process and device are counted in the shared state
  *    (nvmlDeviceGetComputeRunningProcesses lists them).
  *  - cuGetProcAddress hands out versioned ABIs like the driver, and
@@ -160,6 +164,14 @@ static void proc_mem(int dev, int64_t delta)
 		atomic_fetch_add(&F.clk->proc[s].mem[dev], delta);
 }
 
+static int dev_take(int dev, uint64_t size);
+
+static uint64_t ctx_mem(void)
+{
+	const char *v = getenv("FAKECUDA_CTX_MEM");
+	return v ? strtoull(v, NULL, 10) : 0;
+}
+
 static void ctx_count(int dev, int delta)
 {
 	int s = proc_slot();
@@ -281,6 +293,8 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d)
 	init();
 	if (d < 0 || d >= F.ndev)
 		return CUDA_ERROR_INVALID_VALUE;
+	if (atomic_load(&F.primary_refs[d]) == 0 && ctx_mem() && dev_take(d, ctx_mem()) != 0)
+		return CUDA_ERROR_OUT_OF_MEMORY;
 	if (atomic_fetch_add(&F.primary_refs[d], 1) == 0)
 		ctx_count(d, 1);
 	*c = (CUcontext)&F.primary[d];
@@ -290,8 +304,11 @@ EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d)
 {
 	if (d < 0 || d >= F.ndev || atomic_load(&F.primary_refs[d]) == 0)
 		return CUDA_ERROR_INVALID_CONTEXT;
-	if (atomic_fetch_sub(&F.primary_refs[d], 1) == 1)
+	if (atomic_fetch_sub(&F.primary_refs[d], 1) == 1) {
 		ctx_count(d, -1);
+		atomic_fetch_sub(&F.used[d], ctx_mem());
+		proc_mem(d, -(int64_t)ctx_mem());
+	}
 	return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice d) { (void)d; return CUDA_SUCCESS; }
@@ -300,6 +317,8 @@ static CUresult ctx_create(CUcontext *c, CUdevice d)
 	init();
 	if (d < 0 || d >= F.ndev)
 		return CUDA_ERROR_INVALID_VALUE;
+	if (ctx_mem() && dev_take(d, ctx_mem()) != 0)
+		return CUDA_ERROR_OUT_OF_MEMORY;
 	struct fake_ctx *x = malloc(sizeof *x);
 	x->dev = d;
 	x->primary = 0;
@@ -319,6 +338,8 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext c)
 	if (cur == x)
 		cur = NULL;
 	ctx_count(x->dev, -1);
+	atomic_fetch_sub(&F.used[x->dev], ctx_mem());
+	proc_mem(x->dev, -(int64_t)ctx_mem());
 	free(x);
 	return CUDA_SUCCESS;
 }

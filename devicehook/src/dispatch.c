@@ -151,8 +151,12 @@ static void atfork_child(void)
 	gp_table_clear(&gp.table);
 	gp_pool_reset();
 	gp_vmm_reset();
-	for (int d = 0; d < GP_MAX_DEV; d++)
+	for (int d = 0; d < GP_MAX_DEV; d++) {
 		atomic_store(&gp.primary_refs[d], 0);
+		atomic_store(&gp.ctx_live[d], 0);
+		atomic_store(&gp.ctx_ever[d], 0);
+		gp.primary_charge[d] = 0;
+	}
 	atomic_store(&gp.limiter_started, 0);
 	atomic_store(&gp.host_pid, 0); /* the child is another process to NVML */
 	atomic_store(&gp.host_pid_tried, 0);
@@ -645,22 +649,52 @@ static int h_cuMemPoolDestroy(fn_cuMemPoolDestroy real, CUmemoryPool pool)
 	return rc;
 }
 
-/* ---- contexts: the per-context reserve --------------------------------- */
+/* ---- contexts: what a context costs ------------------------------------- */
 
-static CUresult ctx_charge(int dev)
+/* A context costs device memory (300-600 MiB on an H100). It is charged
+ * per context: GPUPACK_CONTEXT_RESERVE (the device plugin writes a
+ * per-model default into the limits file) before the driver is asked, so
+ * an over-limit context is refused without reaching it; then settled on
+ * what the context really took where the driver lets us measure it: this
+ * process's usedGpuMemory in NVML before and after the creation (the host
+ * pid is resolved around it, limiter.c). The measurement includes anything
+ * another thread of this process allocated in that instant (charged
+ * twice, which can only refuse early). */
+struct ctx_meas {
+	int ok;
+	uint64_t before;
+};
+
+static void ctx_measure_begin(int dev, struct ctx_meas *m)
 {
-	return (mem_on() && gp.cfg.ctx_reserve) ? gp_charge(dev, gp.cfg.ctx_reserve) : CUDA_SUCCESS;
+	m->ok = 0;
+	if (!mem_on() || !gp_mem_limited(dev))
+		return;
+	/* "Not listed" means "holds nothing" only before our first context on
+	 * dev; after one was destroyed, trust only a listed figure. */
+	int never = !atomic_load(&gp.ctx_ever[dev]);
+	if (gp_proc_mem(dev, &m->before) == 0 && (m->before > 0 || never))
+		m->ok = 1;
+	else if (atomic_load(&gp.host_pid) == 0 && never) {
+		m->before = 0; /* no context of ours on dev yet: NVML cannot list us */
+		m->ok = 1;
+	}
 }
 
-static CUresult ctx_settle(CUresult rc, CUcontext *ctx, int dev)
+/* The bytes to charge for a context just created: measured, else the reserve. */
+static uint64_t ctx_measure_end(int dev, struct ctx_meas *m)
 {
-	if (!mem_on() || !gp.cfg.ctx_reserve)
-		return rc;
-	return settle(rc, rc == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*ctx : 0, GP_K_CTX, dev, gp.cfg.ctx_reserve);
+	uint64_t after;
+	atomic_store(&gp.ctx_ever[dev], 1);
+	/* The device plugin's per-model reserve is the floor: a context grows
+	 * after creation (modules, lazy loading), which no delta sees. */
+	if (m->ok && gp_proc_mem(dev, &after) == 0 && after >= m->before && after - m->before > gp.cfg.ctx_reserve)
+		return after - m->before;
+	return gp.cfg.ctx_reserve;
 }
 
 /* A context creation through the driver, with this process's host pid
- * resolved around it when the SM limiter needs it (limiter.c). */
+ * resolved around it (limiter.c). */
 #define CREATE_CTX(dev, call)                                           \
 	({                                                              \
 		struct gp_pidsnap snap_;                                \
@@ -670,61 +704,95 @@ static CUresult ctx_settle(CUresult rc, CUcontext *ctx, int dev)
 		crc_;                                                   \
 	})
 
+/* Moves a charge of `from` bytes to `to` bytes for memory the driver holds. */
+static void recharge(int dev, uint64_t from, uint64_t to)
+{
+	if (to > from)
+		gp_charge_force(dev, to - from);
+	else if (from > to)
+		gp_uncharge(dev, from - to);
+}
+
+#define CTX_CREATE(call)                                                                      \
+	do {                                                                                  \
+		int lim_ = mem_on() && gp_mem_limited(dev);                                   \
+		if (lim_ && gp.cfg.ctx_reserve && gp_charge(dev, gp.cfg.ctx_reserve) != CUDA_SUCCESS) \
+			return CUDA_ERROR_OUT_OF_MEMORY;                                      \
+		struct ctx_meas m_;                                                           \
+		ctx_measure_begin(dev, &m_);                                                  \
+		CUresult rc_ = CREATE_CTX(dev, call);                                         \
+		if (rc_ == CUDA_SUCCESS && dev >= 0 && dev < GP_MAX_DEV)                      \
+			atomic_fetch_add(&gp.ctx_live[dev], 1);                               \
+		if (!lim_)                                                                    \
+			return rc_;                                                           \
+		if (rc_ != CUDA_SUCCESS) {                                                    \
+			gp_uncharge(dev, gp.cfg.ctx_reserve);                                 \
+			return rc_;                                                           \
+		}                                                                             \
+		uint64_t cost_ = ctx_measure_end(dev, &m_);                                   \
+		recharge(dev, gp.cfg.ctx_reserve, cost_);                                     \
+		if (cost_)                                                                    \
+			gp_track((uint64_t)(uintptr_t)*ctx, GP_K_CTX, dev, cost_, 0);         \
+		return rc_;                                                                   \
+	} while (0)
+
 static int h_cuCtxCreate_v2(fn_cuCtxCreate_v2 real, CUcontext *ctx, unsigned int flags, CUdevice dev)
 {
-	CUresult rc = ctx_charge(dev);
-	return rc ? rc : ctx_settle(CREATE_CTX(dev, real(ctx, flags, dev)), ctx, dev);
+	CTX_CREATE(real(ctx, flags, dev));
 }
 static int h_cuCtxCreate_v3(fn_cuCtxCreate_v3 real, CUcontext *ctx, void *params, int n, unsigned int flags, CUdevice dev)
 {
-	CUresult rc = ctx_charge(dev);
-	return rc ? rc : ctx_settle(CREATE_CTX(dev, real(ctx, params, n, flags, dev)), ctx, dev);
+	CTX_CREATE(real(ctx, params, n, flags, dev));
 }
 static int h_cuCtxCreate_v4(fn_cuCtxCreate_v4 real, CUcontext *ctx, void *params, unsigned int flags, CUdevice dev)
 {
-	CUresult rc = ctx_charge(dev);
-	return rc ? rc : ctx_settle(CREATE_CTX(dev, real(ctx, params, flags, dev)), ctx, dev);
+	CTX_CREATE(real(ctx, params, flags, dev));
 }
 static int h_cuCtxDestroy_v2(fn_cuCtxDestroy_v2 real, CUcontext ctx)
 {
+	int dev = -1;
+	uint64_t sz;
+	gp_table_get(&gp.table, (uint64_t)(uintptr_t)ctx, GP_K_CTX, &dev, &sz);
 	CUresult rc = real(ctx);
+	if (rc == CUDA_SUCCESS && dev >= 0 && dev < GP_MAX_DEV && atomic_load(&gp.ctx_live[dev]) > 0)
+		atomic_fetch_sub(&gp.ctx_live[dev], 1);
 	if (rc == CUDA_SUCCESS && mem_on()) {
-		gp_untrack((uint64_t)(uintptr_t)ctx, GP_K_CTX); /* its reserve */
+		gp_untrack((uint64_t)(uintptr_t)ctx, GP_K_CTX); /* its charge */
 		gp_untrack_ctx((uint64_t)(uintptr_t)ctx);      /* blocks it freed with it */
 	}
 	return rc;
 }
 
-
-static int primary_retain(fn_cuDevicePrimaryCtxRetain real, CUcontext *ctx, CUdevice dev);
-
 static int h_cuDevicePrimaryCtxRetain(fn_cuDevicePrimaryCtxRetain real, CUcontext *ctx, CUdevice dev)
 {
-	return CREATE_CTX(dev, primary_retain(real, ctx, dev));
-}
-
-static int primary_retain(fn_cuDevicePrimaryCtxRetain real, CUcontext *ctx, CUdevice dev)
-{
-	if (!mem_on() || !gp_mem_limited(dev))
-		return real(ctx, dev);
-	if (!gp.cfg.ctx_reserve) {
-		CUresult rc = real(ctx, dev);
-		if (rc == CUDA_SUCCESS)
-			atomic_store(&gp.primary_ctx[dev], (uint64_t)(uintptr_t)*ctx);
+	if (!mem_on() || !gp_mem_limited(dev)) {
+		CUresult rc = CREATE_CTX(dev, real(ctx, dev));
+		if (rc == CUDA_SUCCESS && dev >= 0 && dev < GP_MAX_DEV && atomic_fetch_add(&gp.primary_refs[dev], 1) == 0)
+			atomic_fetch_add(&gp.ctx_live[dev], 1);
 		return rc;
 	}
+	/* The primary context exists once per device and process: charged at
+	 * the first retain, released at the last release. */
 	pthread_mutex_lock(&gp.primary_mu);
 	CUresult rc = CUDA_SUCCESS;
 	int first = atomic_load(&gp.primary_refs[dev]) == 0;
-	if (first)
+	struct ctx_meas m;
+	if (first && gp.cfg.ctx_reserve)
 		rc = gp_charge(dev, gp.cfg.ctx_reserve);
 	if (rc == CUDA_SUCCESS) {
-		rc = real(ctx, dev);
+		if (first)
+			ctx_measure_begin(dev, &m);
+		rc = CREATE_CTX(dev, real(ctx, dev));
 		if (rc == CUDA_SUCCESS) {
 			atomic_fetch_add(&gp.primary_refs[dev], 1);
 			atomic_store(&gp.primary_ctx[dev], (uint64_t)(uintptr_t)*ctx);
-		}
-		else if (first)
+			if (first) {
+				atomic_fetch_add(&gp.ctx_live[dev], 1);
+				uint64_t cost = ctx_measure_end(dev, &m);
+				recharge(dev, gp.cfg.ctx_reserve, cost);
+				gp.primary_charge[dev] = cost;
+			}
+		} else if (first)
 			gp_uncharge(dev, gp.cfg.ctx_reserve);
 	}
 	pthread_mutex_unlock(&gp.primary_mu);
@@ -734,11 +802,16 @@ static int primary_retain(fn_cuDevicePrimaryCtxRetain real, CUcontext *ctx, CUde
 static int h_cuDevicePrimaryCtxRelease_v2(fn_cuDevicePrimaryCtxRelease_v2 real, CUdevice dev)
 {
 	CUresult rc = real(dev);
-	if (rc != CUDA_SUCCESS || !mem_on() || !gp.cfg.ctx_reserve || !gp_mem_limited(dev))
+	if (rc != CUDA_SUCCESS || dev < 0 || dev >= GP_MAX_DEV)
 		return rc;
 	pthread_mutex_lock(&gp.primary_mu);
-	if (atomic_load(&gp.primary_refs[dev]) > 0 && atomic_fetch_sub(&gp.primary_refs[dev], 1) == 1)
-		gp_uncharge(dev, gp.cfg.ctx_reserve);
+	if (atomic_load(&gp.primary_refs[dev]) > 0 && atomic_fetch_sub(&gp.primary_refs[dev], 1) == 1) {
+		if (atomic_load(&gp.ctx_live[dev]) > 0)
+			atomic_fetch_sub(&gp.ctx_live[dev], 1);
+		if (mem_on() && gp_mem_limited(dev))
+			gp_uncharge(dev, gp.primary_charge[dev]);
+		gp.primary_charge[dev] = 0;
+	}
 	pthread_mutex_unlock(&gp.primary_mu);
 	return rc;
 }

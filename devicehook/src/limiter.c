@@ -145,8 +145,25 @@ static void probe_hostpid(int dev)
 
 static int want_hostpid(int dev)
 {
-	return dev >= 0 && dev < GP_MAX_DEV && gp.cfg.any_sm_limit && !gp.cfg.disabled &&
+	return dev >= 0 && dev < GP_MAX_DEV && (gp.cfg.any_sm_limit || gp.cfg.any_mem_limit) && !gp.cfg.disabled &&
 	       atomic_load(&gp.host_pid) == 0;
+}
+
+int gp_proc_mem(int dev, uint64_t *out)
+{
+	unsigned self = atomic_load(&gp.host_pid);
+	if (self == 0 || !nvml_ready())
+		return -1;
+	unsigned p[64];
+	unsigned long long m[64];
+	int n = list_procs(dev, p, m, 64);
+	if (n < 0)
+		return -1;
+	*out = 0; /* not listed: no context, no memory on dev */
+	for (int i = 0; i < n; i++)
+		if (p[i] == self)
+			*out = m[i];
+	return 0;
 }
 
 void gp_hostpid_before(int dev, struct gp_pidsnap *s)

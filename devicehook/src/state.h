@@ -192,6 +192,9 @@ struct gp_pidsnap {
 };
 void gp_hostpid_before(int dev, struct gp_pidsnap *s);
 void gp_hostpid_after(int dev, struct gp_pidsnap *s, int created);
+/* This process's device memory on dev as NVML reports it (contexts
+ * included): 0 on success, -1 when it cannot be known. */
+int gp_proc_mem(int dev, uint64_t *out);
 
 /* ---- the state --------------------------------------------------------- */
 
@@ -267,6 +270,9 @@ struct gp_state {
 	struct gp_region_handle region;
 	struct gp_table table;
 	_Atomic int primary_refs[GP_MAX_DEV];
+	uint64_t primary_charge[GP_MAX_DEV]; /* what the primary context is charged */
+	_Atomic int ctx_live[GP_MAX_DEV];    /* contexts this process holds on dev */
+	_Atomic int ctx_ever[GP_MAX_DEV];    /* it has created one on dev */
 	_Atomic int sm_active; /* any device throttled: launches take the slow path */
 	struct gp_limiter lim[GP_MAX_DEV];
 	struct gp_pools pools;
