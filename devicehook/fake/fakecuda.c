@@ -63,6 +63,7 @@ struct fake_pool {
 	int dev;
 	pthread_mutex_t mu;
 	uint64_t reserved, live;
+	int destroyed; /* cuMemPoolDestroy with blocks outstanding: released at the last free */
 };
 static struct fake_pool default_pool[MAXDEV];
 
@@ -434,9 +435,16 @@ static CUresult raw_free(void *q)
 		return CUDA_ERROR_INVALID_VALUE;
 	h->magic = 0;
 	if (h->pool) {
-		pthread_mutex_lock(&h->pool->mu);
-		h->pool->live -= h->size; /* stays reserved by the pool */
-		pthread_mutex_unlock(&h->pool->mu);
+		struct fake_pool *fp = h->pool;
+		pthread_mutex_lock(&fp->mu);
+		fp->live -= h->size; /* stays reserved by the pool */
+		int gone = fp->destroyed && fp->live == 0;
+		pthread_mutex_unlock(&fp->mu);
+		if (gone) {
+			atomic_fetch_sub(&F.used[fp->dev], fp->reserved);
+			proc_mem(fp->dev, -(int64_t)fp->reserved);
+			free(fp);
+		}
 	} else {
 		atomic_fetch_sub(&F.used[h->dev], h->size);
 		proc_mem(h->dev, -(int64_t)h->size);
@@ -526,7 +534,23 @@ EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
 }
 EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
 {
+	/* As the driver documents: with allocations outstanding the pool's
+	 * resources go when the last is freed; the handle is dead at once
+	 * (later calls on it are the caller's bug: here they fail). */
 	struct fake_pool *fp = (struct fake_pool *)pool;
+	pthread_mutex_lock(&fp->mu);
+	if (fp->live > 0) {
+		uint64_t keep = round_granule(fp->live);
+		if (keep < fp->reserved) {
+			atomic_fetch_sub(&F.used[fp->dev], fp->reserved - keep);
+			proc_mem(fp->dev, -(int64_t)(fp->reserved - keep));
+			fp->reserved = keep;
+		}
+		fp->destroyed = 1;
+		pthread_mutex_unlock(&fp->mu);
+		return CUDA_SUCCESS;
+	}
+	pthread_mutex_unlock(&fp->mu);
 	atomic_fetch_sub(&F.used[fp->dev], fp->reserved);
 	proc_mem(fp->dev, -(int64_t)fp->reserved);
 	free(pool);
@@ -536,6 +560,10 @@ EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value)
 {
 	struct fake_pool *fp = (struct fake_pool *)pool;
 	pthread_mutex_lock(&fp->mu);
+	if (fp->destroyed) {
+		pthread_mutex_unlock(&fp->mu);
+		return CUDA_ERROR_INVALID_VALUE;
+	}
 	uint64_t v = attr == CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT ? fp->reserved
 		     : attr == CU_MEMPOOL_ATTR_USED_MEM_CURRENT   ? fp->live
 								  : 0;

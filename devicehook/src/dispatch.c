@@ -294,8 +294,8 @@ static CUresult charge(int dev, uint64_t size)
 		if (had_) {                                                   \
 			if (rc_ != CUDA_SUCCESS)                              \
 				gp_table_put(&gp.table, (key), (kind), dev_, size_, pool_, ctx_); \
-			else if (pool_)                                       \
-				gp_pool_freed(pool_, dev_, size_, pool_reserved(pool_)); \
+			else if (pool_) /* a destroyed pool's handle is dead */ \
+				gp_pool_freed(pool_, dev_, size_, gp_pool_dev(pool_) >= 0 ? pool_reserved(pool_) : GP_RESERVED_UNKNOWN); \
 			else                                                  \
 				gp_uncharge(dev_, size_);                     \
 		}                                                             \
@@ -304,6 +304,10 @@ static CUresult charge(int dev, uint64_t size)
 
 static void virtualize(int dev, uint64_t *freep, uint64_t *totalp)
 {
+	/* Dead processes' charges are not memory anyone holds: reclaim them
+	 * before reporting (before, free read 0 until someone was refused). */
+	if (gp.region.shared)
+		gp_region_reclaim_dead(&gp.region);
 	uint64_t t = gp.cfg.mem_limit[dev] < *totalp ? gp.cfg.mem_limit[dev] : *totalp;
 	uint64_t used = gp_used(dev);
 	uint64_t f = used >= t ? 0 : t - used;
@@ -642,10 +646,10 @@ static int h_cuMipmappedArrayDestroy(fn_cuMipmappedArrayDestroy real, CUmipmappe
 static int h_cuMemPoolDestroy(fn_cuMemPoolDestroy real, CUmemoryPool pool)
 {
 	CUresult rc = real(pool);
-	int dev;
-	/* The pool's reserve goes with it; live blocks stay charged until freed. */
-	if (rc == CUDA_SUCCESS && mem_on() && (dev = gp_pool_dev((uint64_t)(uintptr_t)pool)) >= 0)
-		gp_pool_reconcile((uint64_t)(uintptr_t)pool, dev, 0);
+	/* The pool's reserve goes with it, and its handle is dead from now on;
+	 * live blocks stay charged until freed. */
+	if (rc == CUDA_SUCCESS && mem_on())
+		gp_pool_forget((uint64_t)(uintptr_t)pool);
 	return rc;
 }
 

@@ -141,6 +141,7 @@ void gp_vmm_unmapped(uint64_t va, uint64_t size);
 void gp_vmm_reset(void);
 
 void gp_pool_register(uint64_t pool, int dev);
+void gp_pool_forget(uint64_t pool);
 void gp_pool_reset(void);
 int gp_pool_dev(uint64_t pool);
 CUresult gp_pool_begin(uint64_t pool, int dev, uint64_t size, uint64_t *taken);

@@ -445,6 +445,35 @@ static int cmd_wrap(uint64_t chunk, long ms)
 	return 0;
 }
 
+/* pooldead CHUNK: a pool with one live block is destroyed; fill with
+ * cuMemAlloc_v2 until refused (the hook must not ask the driver about the
+ * dead pool), free the pool's block, fill again. */
+static int cmd_pooldead(uint64_t chunk)
+{
+	ctx(0);
+	CUmemPoolProps pp;
+	memset(&pp, 0, sizeof pp);
+	pp.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+	pp.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	pp.location.id = 0;
+	CUmemoryPool pl;
+	CUdeviceptr b;
+	if (A.p_cuMemPoolCreate(&pl, &pp) || A.p_cuMemAllocFromPoolAsync(&b, chunk, pl, NULL))
+		die("pool", 0);
+	A.p_cuMemPoolDestroy(pl);
+	int n1 = 0, n2 = 0;
+	while (n1 < MAXH && a_mem(chunk, &handles[n1]) == 0)
+		n1++;
+	int left = n1;
+	while (left > 0)
+		A.p_cuMemFree_v2(handles[--left]);
+	A.p_cuMemFreeAsync(b, NULL);
+	while (n2 < MAXH && a_mem(chunk, &handles[n2]) == 0)
+		n2++;
+	printf("with_dead_pool=%d after_free=%d\n", n1, n2);
+	return 0;
+}
+
 static int cmd_ctxgone(uint64_t chunk)
 {
 	A.p_cuInit(0);
@@ -703,6 +732,8 @@ int main(int argc, char **argv)
 		return cmd_threads(atoi(argv[3]), atol(argv[4]), strtoull(argv[5], NULL, 10));
 	if (!strcmp(c, "ctxgone"))
 		return cmd_ctxgone(a);
+	if (!strcmp(c, "pooldead"))
+		return cmd_pooldead(a);
 	if (!strcmp(c, "wrap") && argc > 4)
 		return cmd_wrap(a, atol(argv[4]));
 	if (!strcmp(c, "vmmmap"))

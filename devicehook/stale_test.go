@@ -1,0 +1,67 @@
+package devicehook
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// A pool destroyed while one of its blocks is live: its handle is dead.
+// The hook must forget it (before, it asked the driver about the dead
+// handle when an allocation was refused: the fake deadlocked), keep the
+// live block charged until it is freed, then give everything back.
+func TestDestroyedPoolIsForgotten(t *testing.T) {
+	e := env{"FAKECUDA_MEM": fmt.Sprint(1 * gib), "CUDA_DEVICE_MEMORY_LIMIT": "64m"}.hooked()
+	for _, mode := range []string{"direct", "gpa"} {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		cmd := exec.CommandContext(ctx, hooktest, mode, "pooldead", fmt.Sprint(4*mib))
+		cmd.Env = e.list()
+		out, err := cmd.CombinedOutput()
+		hung := ctx.Err() == context.DeadlineExceeded
+		cancel()
+		if hung {
+			t.Fatalf("via %s: hung after a pool was destroyed: %s", mode, out)
+		}
+		if err != nil {
+			t.Fatalf("via %s: %v: %s", mode, err, out)
+		}
+		if d := cmp.Diff(map[string]string{"with_dead_pool": "15", "after_free": "16"}, parseKV(string(out))); d != "" {
+			t.Errorf("via %s (-want +got):\n%s", mode, d)
+		}
+	}
+}
+
+// A SIGKILLed process's charge is not reported as used: cuMemGetInfo and
+// NVML in the next process show the whole limit free at once (before,
+// free read 0 until some allocation had been refused).
+func TestDeadProcessChargeIsNotReported(t *testing.T) {
+	e := env{"FAKECUDA_MEM": fmt.Sprint(1 * gib), "CUDA_DEVICE_MEMORY_LIMIT": "64m",
+		"CUDA_DEVICE_MEMORY_SHARED_CACHE": filepath.Join(t.TempDir(), "cache")}.hooked()
+	holder := command(e, "direct", "hold", fmt.Sprint(8*mib))
+	stdin, _ := holder.StdinPipe()
+	defer stdin.Close()
+	stdout, _ := holder.StdoutPipe()
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil || !strings.Contains(line, "held=8") {
+		t.Fatalf("holder said %q, %v", line, err)
+	}
+	holder.Process.Signal(syscall.SIGKILL)
+	holder.Wait()
+	kv := run(t, e, "direct", "query", "0")
+	for _, k := range []string{"free", "nvml_free"} {
+		if got := num(t, kv, k); got != 64*mib {
+			t.Errorf("%s after the holder was SIGKILLed: %d MiB, want the whole 64 MiB", k, got/mib)
+		}
+	}
+}
