@@ -3,6 +3,8 @@ package devicehook
 import (
 	"fmt"
 	"testing"
+
+	"github.com/google/go-cmp/cmp"
 )
 
 // A context costs device memory (the fake: FAKECUDA_CTX_MEM, a real H100
@@ -36,5 +38,20 @@ func TestContextMemoryIsCharged(t *testing.T) {
 				t.Errorf("got %d chunks, want %d", got, c.want)
 			}
 		})
+	}
+}
+
+// cuCtxSetLimit reserves device memory: the malloc heap, and the stack of
+// every resident thread (a 2 KiB stack costs 264 MiB on the fake's H100
+// shape, 64 KiB ~17 GiB on a real one). Growth is charged, refused past
+// the limit before the driver is asked, and given back on shrinking.
+func TestCtxSetLimitGrowthIsCharged(t *testing.T) {
+	e := env{"FAKECUDA_MEM": fmt.Sprint(1 * gib), "CUDA_DEVICE_MEMORY_LIMIT": "64m"}.hooked()
+	for _, mode := range []string{"direct", "gpa"} {
+		kv := run(t, e, mode, "ctxlimit", fmt.Sprint(4*mib))
+		want := map[string]string{"heap_rc": "0", "with_heap": "10", "stack_rc": "2", "after_shrink": "16"}
+		if d := cmp.Diff(want, kv); d != "" {
+			t.Errorf("via %s (-want +got):\n%s", mode, d)
+		}
 	}
 }

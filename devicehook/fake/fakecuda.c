@@ -55,7 +55,13 @@
 struct fake_ctx {
 	int dev;
 	int primary;
+	uint64_t limit[3]; /* CUlimit stack (per thread), printf FIFO, malloc heap */
 };
+
+/* An H100's worth of resident threads: the stack limit is reserved for each. */
+#define FAKE_SMS 132
+#define FAKE_THREADS_PER_SM 2048
+static const uint64_t limit_default[3] = {1024, 1 << 20, 8 << 20};
 
 #define POOL_GRANULE (32ull << 20)
 
@@ -118,7 +124,7 @@ static void fake_init(void)
 	v = getenv("FAKECUDA_MEM");
 	F.mem = v ? strtoull(v, NULL, 10) : (16ull << 30);
 	for (int i = 0; i < MAXDEV; i++) {
-		F.primary[i] = (struct fake_ctx){i, 1};
+		F.primary[i] = (struct fake_ctx){i, 1, {limit_default[0], limit_default[1], limit_default[2]}};
 		default_pool[i].dev = i;
 		pthread_mutex_init(&default_pool[i].mu, NULL);
 	}
@@ -323,6 +329,7 @@ static CUresult ctx_create(CUcontext *c, CUdevice d)
 	struct fake_ctx *x = malloc(sizeof *x);
 	x->dev = d;
 	x->primary = 0;
+	memcpy(x->limit, limit_default, sizeof x->limit);
 	ctx_count(d, 1);
 	cur = x;
 	*c = (CUcontext)x;
@@ -331,6 +338,49 @@ static CUresult ctx_create(CUcontext *c, CUdevice d)
 EXPORT CUresult cuCtxCreate_v2(CUcontext *c, unsigned f, CUdevice d) { (void)f; return ctx_create(c, d); }
 EXPORT CUresult cuCtxCreate_v3(CUcontext *c, void *p, int n, unsigned f, CUdevice d) { (void)p; (void)n; (void)f; return ctx_create(c, d); }
 EXPORT CUresult cuCtxCreate_v4(CUcontext *c, void *p, unsigned f, CUdevice d) { (void)p; (void)f; return ctx_create(c, d); }
+static uint64_t limit_cost(int l, uint64_t v) { return l == 0 ? v * FAKE_SMS * FAKE_THREADS_PER_SM : v; }
+
+/* Growth past the defaults costs device memory (the defaults are part of
+ * FAKECUDA_CTX_MEM), as the real driver reserves it. */
+EXPORT CUresult cuCtxSetLimit(CUlimit l, size_t v)
+{
+	if (cur == NULL)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	if ((int)l < 0 || l > 2)
+		return CUDA_ERROR_INVALID_VALUE;
+	uint64_t o = limit_cost(l, cur->limit[l]), n = limit_cost(l, v);
+	if (n > o && dev_take(cur->dev, n - o) != 0)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	if (o > n) {
+		atomic_fetch_sub(&F.used[cur->dev], o - n);
+		proc_mem(cur->dev, -(int64_t)(o - n));
+	}
+	cur->limit[l] = v;
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuCtxGetLimit(size_t *v, CUlimit l)
+{
+	if (cur == NULL)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	if ((int)l < 0 || l > 2 || v == NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	*v = cur->limit[l];
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d)
+{
+	init();
+	if (d < 0 || d >= F.ndev || v == NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (attr == CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+		*v = FAKE_SMS;
+	else if (attr == CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)
+		*v = FAKE_THREADS_PER_SM;
+	else
+		return CUDA_ERROR_INVALID_VALUE;
+	return CUDA_SUCCESS;
+}
+
 EXPORT CUresult cuCtxDestroy_v2(CUcontext c)
 {
 	struct fake_ctx *x = (struct fake_ctx *)c;
@@ -813,6 +863,8 @@ static const struct pa table[] = {
 	E("cuCtxGetCurrent", 4000, cuCtxGetCurrent), E("cuCtxSynchronize", 2000, cuCtxSynchronize),
 	E("cuCtxCreate", 3020, cuCtxCreate_v2), E("cuCtxCreate", 11040, cuCtxCreate_v3),
 	E("cuCtxCreate", 12050, cuCtxCreate_v4), E("cuCtxDestroy", 4000, cuCtxDestroy_v2),
+	E("cuCtxSetLimit", 3010, cuCtxSetLimit), E("cuCtxGetLimit", 3010, cuCtxGetLimit),
+	E("cuDeviceGetAttribute", 2000, cuDeviceGetAttribute),
 	E("cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain),
 	E("cuDevicePrimaryCtxRelease", 11000, cuDevicePrimaryCtxRelease_v2),
 	E("cuDevicePrimaryCtxReset", 11000, cuDevicePrimaryCtxReset_v2),

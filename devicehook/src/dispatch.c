@@ -191,6 +191,8 @@ static void init_once(void)
 		gp.pool_trim = (gp_fn_pool_trim)gp.real_dlsym(gp.libcuda, "cuMemPoolTrimTo");
 		gp.mem_alloc = (CUresult(*)(CUdeviceptr *, size_t))gp.real_dlsym(gp.libcuda, "cuMemAlloc_v2");
 		gp.mem_free = (CUresult(*)(CUdeviceptr))gp.real_dlsym(gp.libcuda, "cuMemFree_v2");
+		gp.ctx_get_limit = (CUresult(*)(size_t *, CUlimit))gp.real_dlsym(gp.libcuda, "cuCtxGetLimit");
+		gp.dev_get_attr = (CUresult(*)(int *, int, CUdevice))gp.real_dlsym(gp.libcuda, "cuDeviceGetAttribute");
 	}
 	if (gp_table_init(&gp.table, 17) != 0)
 		gp_log(GP_LOG_ERROR, "cannot map the allocation table");
@@ -764,6 +766,61 @@ static int h_cuCtxDestroy_v2(fn_cuCtxDestroy_v2 real, CUcontext ctx)
 		gp_untrack((uint64_t)(uintptr_t)ctx, GP_K_CTX); /* its charge */
 		gp_untrack_ctx((uint64_t)(uintptr_t)ctx);      /* blocks it freed with it */
 	}
+	return rc;
+}
+
+/* cuCtxSetLimit: the driver reserves device memory for the stack of every
+ * resident thread (stack size x SMs x threads per SM: ~17 GiB at 64 KiB on
+ * an H100), the device malloc heap and the printf FIFO. Growth past the
+ * value the context had is charged (refused when over the limit, before
+ * the driver is asked); shrinking gives it back. Charged to the current
+ * context as a block of kind GP_K_CTX keyed by context + 1 + limit, so
+ * destroying the context uncharges it. */
+static uint64_t limit_bytes(int dev, CUlimit limit, uint64_t v)
+{
+	if (limit != CU_LIMIT_STACK_SIZE)
+		return v;
+	int sms = 0, threads = 0;
+	if (!gp.dev_get_attr || gp.dev_get_attr(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev) != CUDA_SUCCESS ||
+	    gp.dev_get_attr(&threads, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, dev) != CUDA_SUCCESS)
+		return v * 2048 * 132; /* unknown: an H100's worth, the safe side */
+	return v * (uint64_t)sms * (uint64_t)threads;
+}
+
+static int h_cuCtxSetLimit(fn_cuCtxSetLimit real, CUlimit limit, size_t value)
+{
+	int dev;
+	size_t old = 0;
+	CUcontext c = NULL;
+	if (!mem_on() || (limit != CU_LIMIT_STACK_SIZE && limit != CU_LIMIT_MALLOC_HEAP_SIZE &&
+			  limit != CU_LIMIT_PRINTF_FIFO_SIZE) ||
+	    !gp_mem_limited(dev = cur_dev()) || !gp.ctx_get_limit || gp.ctx_get_limit(&old, limit) != CUDA_SUCCESS ||
+	    !gp.ctx_get_current || gp.ctx_get_current(&c) != CUDA_SUCCESS || c == NULL)
+		return real(limit, value);
+	uint64_t key = (uint64_t)(uintptr_t)c + 1 + (uint64_t)limit;
+	int d;
+	uint64_t charged = 0, pool, cx;
+	/* What this limit is charged now (growth already past the context's
+	 * own value), and what the new value would add. */
+	if (!gp_table_take(&gp.table, key, GP_K_CTX, &d, &charged, &pool, &cx))
+		charged = 0;
+	uint64_t o = limit_bytes(dev, limit, old), n = limit_bytes(dev, limit, value);
+	uint64_t base = o >= charged ? o - charged : 0; /* the context's own, in its measured cost */
+	uint64_t want = n > base ? n - base : 0;
+	if (want > charged && gp_charge(dev, want - charged) != CUDA_SUCCESS) {
+		if (charged)
+			gp_table_put(&gp.table, key, GP_K_CTX, dev, charged, 0, (uint64_t)(uintptr_t)c);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	CUresult rc = real(limit, value);
+	if (rc != CUDA_SUCCESS) {
+		if (want > charged)
+			gp_uncharge(dev, want - charged);
+		want = charged;
+	} else if (want < charged)
+		gp_uncharge(dev, charged - want);
+	if (want)
+		gp_table_put(&gp.table, key, GP_K_CTX, dev, want, 0, (uint64_t)(uintptr_t)c);
 	return rc;
 }
 

@@ -268,6 +268,8 @@ struct gp_state {
 	_Atomic int host_probes;         /* memory probes tried */
 	CUresult (*mem_alloc)(CUdeviceptr *, size_t); /* the driver's, for the probe */
 	CUresult (*mem_free)(CUdeviceptr);
+	CUresult (*ctx_get_limit)(size_t *, CUlimit);
+	CUresult (*dev_get_attr)(int *, int, CUdevice);
 	struct gp_region_handle region;
 	struct gp_table table;
 	_Atomic int primary_refs[GP_MAX_DEV];

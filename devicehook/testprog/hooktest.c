@@ -474,6 +474,26 @@ static int cmd_pooldead(uint64_t chunk)
 	return 0;
 }
 
+/* ctxlimit CHUNK: grow the malloc heap to 32 MiB (from 8), then fill;
+ * try a 2 KiB stack (264 MiB of device memory on the fake's H100 shape);
+ * shrink the heap back and fill again. */
+static int cmd_ctxlimit(uint64_t chunk)
+{
+	ctx(0);
+	int heap = A.p_cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, 32 << 20);
+	int n1 = 0, n2 = 0;
+	while (n1 < MAXH && a_mem(chunk, &handles[n1]) == 0)
+		n1++;
+	for (int i = n1; i > 0;)
+		A.p_cuMemFree_v2(handles[--i]);
+	int stack = A.p_cuCtxSetLimit(CU_LIMIT_STACK_SIZE, 2048);
+	A.p_cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, 8 << 20);
+	while (n2 < MAXH && a_mem(chunk, &handles[n2]) == 0)
+		n2++;
+	printf("heap_rc=%d with_heap=%d stack_rc=%d after_shrink=%d\n", heap, n1, stack, n2);
+	return 0;
+}
+
 static int cmd_ctxgone(uint64_t chunk)
 {
 	A.p_cuInit(0);
@@ -734,6 +754,8 @@ int main(int argc, char **argv)
 		return cmd_ctxgone(a);
 	if (!strcmp(c, "pooldead"))
 		return cmd_pooldead(a);
+	if (!strcmp(c, "ctxlimit"))
+		return cmd_ctxlimit(a);
 	if (!strcmp(c, "wrap") && argc > 4)
 		return cmd_wrap(a, atol(argv[4]));
 	if (!strcmp(c, "vmmmap"))
