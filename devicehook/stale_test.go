@@ -65,3 +65,16 @@ func TestDeadProcessChargeIsNotReported(t *testing.T) {
 		}
 	}
 }
+
+// The default pool gives its memory back at a synchronisation (the
+// driver's default release threshold is 0): the container must not keep
+// seeing it as used (before: free was the limit minus a 32 MiB granule
+// until some allocation was refused).
+func TestPoolMemoryReleasedAtSyncIsNotCharged(t *testing.T) {
+	e := env{"FAKECUDA_MEM": fmt.Sprint(1 * gib), "CUDA_DEVICE_MEMORY_LIMIT": "64m"}.hooked()
+	for _, mode := range []string{"direct", "gpa"} {
+		if got := num(t, run(t, e, mode, "poolsync", fmt.Sprint(4*mib)), "free"); got != 64*mib {
+			t.Errorf("via %s: free after the pool released at sync: %d MiB, want 64", mode, got/mib)
+		}
+	}
+}

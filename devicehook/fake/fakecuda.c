@@ -840,6 +840,11 @@ EXPORT CUresult cuCtxSynchronize(void)
 		struct timespec ts = {(time_t)((bu - now) / 1000000000ull), (long)((bu - now) % 1000000000ull)};
 		nanosleep(&ts, NULL);
 	}
+	/* The device's default pool has the driver's default release threshold
+	 * (0): at a synchronisation it gives back what it holds beyond its live
+	 * blocks. (Pools made with cuMemPoolCreate keep theirs, as with a high
+	 * threshold, until cuMemPoolTrimTo.) */
+	cuMemPoolTrimTo((CUmemoryPool)&default_pool[cur->dev], 0);
 	return CUDA_SUCCESS;
 }
 

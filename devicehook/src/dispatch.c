@@ -310,6 +310,10 @@ static void virtualize(int dev, uint64_t *freep, uint64_t *totalp)
 	 * before reporting (before, free read 0 until someone was refused). */
 	if (gp.region.shared)
 		gp_region_reclaim_dead(&gp.region);
+	/* Pools give memory back at synchronisation (release threshold): ask
+	 * the driver what they still hold before reporting it as used. */
+	if (gp_pool_list(dev, NULL, 0) > 0)
+		refresh_pools(dev);
 	uint64_t t = gp.cfg.mem_limit[dev] < *totalp ? gp.cfg.mem_limit[dev] : *totalp;
 	uint64_t used = gp_used(dev);
 	uint64_t f = used >= t ? 0 : t - used;

@@ -494,6 +494,24 @@ static int cmd_ctxlimit(uint64_t chunk)
 	return 0;
 }
 
+/* poolsync CHUNK: 3 blocks from the default pool, freed, then a context
+ * synchronisation (the driver releases the pool's memory): what does the
+ * container see as free? */
+static int cmd_poolsync(uint64_t chunk)
+{
+	ctx(0);
+	for (int i = 0; i < 3; i++)
+		if (A.p_cuMemAllocAsync((CUdeviceptr *)&handles[i], chunk, NULL))
+			die("cuMemAllocAsync", i);
+	for (int i = 0; i < 3; i++)
+		A.p_cuMemFreeAsync(handles[i], NULL);
+	A.p_cuCtxSynchronize();
+	size_t fr = 0, tot = 0;
+	A.p_cuMemGetInfo_v2(&fr, &tot);
+	printf("free=%zu total=%zu\n", fr, tot);
+	return 0;
+}
+
 static int cmd_ctxgone(uint64_t chunk)
 {
 	A.p_cuInit(0);
@@ -756,6 +774,8 @@ int main(int argc, char **argv)
 		return cmd_pooldead(a);
 	if (!strcmp(c, "ctxlimit"))
 		return cmd_ctxlimit(a);
+	if (!strcmp(c, "poolsync"))
+		return cmd_poolsync(a);
 	if (!strcmp(c, "wrap") && argc > 4)
 		return cmd_wrap(a, atol(argv[4]));
 	if (!strcmp(c, "vmmmap"))
