@@ -78,3 +78,15 @@ func TestPoolMemoryReleasedAtSyncIsNotCharged(t *testing.T) {
 		}
 	}
 }
+
+// A pool located on the host holds host memory: its allocations are not
+// charged to the GPU (before, the hook charged them to the current device:
+// 16 of 32 host chunks, and then no device memory at all).
+func TestHostPoolIsNotCharged(t *testing.T) {
+	e := env{"FAKECUDA_MEM": fmt.Sprint(1 * gib), "CUDA_DEVICE_MEMORY_LIMIT": "64m"}.hooked()
+	for _, mode := range []string{"direct", "gpa"} {
+		if d := cmp.Diff(map[string]string{"host": "32", "dev": "16"}, run(t, e, mode, "hostpool", fmt.Sprint(4*mib))); d != "" {
+			t.Errorf("via %s (-want +got):\n%s", mode, d)
+		}
+	}
+}

@@ -70,6 +70,7 @@ struct fake_pool {
 	pthread_mutex_t mu;
 	uint64_t reserved, live;
 	int destroyed; /* cuMemPoolDestroy with blocks outstanding: released at the last free */
+	int host;      /* a host-located pool: pinned host memory, no device bytes */
 };
 static struct fake_pool default_pool[MAXDEV];
 
@@ -459,7 +460,7 @@ static void *pool_alloc(struct fake_pool *fp, uint64_t size)
 	pthread_mutex_lock(&fp->mu);
 	if (fp->live + size > fp->reserved) {
 		uint64_t want = round_granule(fp->live + size);
-		if (dev_take(fp->dev, want - fp->reserved) != 0) {
+		if (!fp->host && dev_take(fp->dev, want - fp->reserved) != 0) {
 			pthread_mutex_unlock(&fp->mu);
 			return NULL;
 		}
@@ -491,8 +492,10 @@ static CUresult raw_free(void *q)
 		int gone = fp->destroyed && fp->live == 0;
 		pthread_mutex_unlock(&fp->mu);
 		if (gone) {
-			atomic_fetch_sub(&F.used[fp->dev], fp->reserved);
-			proc_mem(fp->dev, -(int64_t)fp->reserved);
+			if (!fp->host) {
+				atomic_fetch_sub(&F.used[fp->dev], fp->reserved);
+				proc_mem(fp->dev, -(int64_t)fp->reserved);
+			}
 			free(fp);
 		}
 	} else {
@@ -561,10 +564,14 @@ EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t n, CUstream s) { ret
 EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
 {
 	init();
-	if (!props || props->location.type != CU_MEM_LOCATION_TYPE_DEVICE || props->location.id >= F.ndev)
+	if (!props)
+		return CUDA_ERROR_INVALID_VALUE;
+	int host = props->location.type == CU_MEM_LOCATION_TYPE_HOST || props->location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA;
+	if (!host && (props->location.type != CU_MEM_LOCATION_TYPE_DEVICE || props->location.id >= F.ndev))
 		return CUDA_ERROR_INVALID_VALUE;
 	struct fake_pool *fp = calloc(1, sizeof *fp);
-	fp->dev = props->location.id;
+	fp->dev = host ? 0 : props->location.id;
+	fp->host = host;
 	pthread_mutex_init(&fp->mu, NULL);
 	*pool = (CUmemoryPool)fp;
 	return CUDA_SUCCESS;
@@ -575,8 +582,10 @@ EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
 	pthread_mutex_lock(&fp->mu);
 	uint64_t want = round_granule(fp->live > keep ? fp->live : keep);
 	if (want < fp->reserved) {
-		atomic_fetch_sub(&F.used[fp->dev], fp->reserved - want);
-		proc_mem(fp->dev, -(int64_t)(fp->reserved - want));
+		if (!fp->host) {
+			atomic_fetch_sub(&F.used[fp->dev], fp->reserved - want);
+			proc_mem(fp->dev, -(int64_t)(fp->reserved - want));
+		}
 		fp->reserved = want;
 	}
 	pthread_mutex_unlock(&fp->mu);
@@ -592,8 +601,10 @@ EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
 	if (fp->live > 0) {
 		uint64_t keep = round_granule(fp->live);
 		if (keep < fp->reserved) {
-			atomic_fetch_sub(&F.used[fp->dev], fp->reserved - keep);
-			proc_mem(fp->dev, -(int64_t)(fp->reserved - keep));
+			if (!fp->host) {
+				atomic_fetch_sub(&F.used[fp->dev], fp->reserved - keep);
+				proc_mem(fp->dev, -(int64_t)(fp->reserved - keep));
+			}
 			fp->reserved = keep;
 		}
 		fp->destroyed = 1;
@@ -601,8 +612,10 @@ EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
 		return CUDA_SUCCESS;
 	}
 	pthread_mutex_unlock(&fp->mu);
-	atomic_fetch_sub(&F.used[fp->dev], fp->reserved);
-	proc_mem(fp->dev, -(int64_t)fp->reserved);
+	if (!fp->host) {
+		atomic_fetch_sub(&F.used[fp->dev], fp->reserved);
+		proc_mem(fp->dev, -(int64_t)fp->reserved);
+	}
 	free(pool);
 	return CUDA_SUCCESS;
 }

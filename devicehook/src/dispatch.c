@@ -591,8 +591,13 @@ static int h_cuMipmappedArrayCreate(fn_cuMipmappedArrayCreate real, CUmipmappedA
 static int h_cuMemPoolCreate(fn_cuMemPoolCreate real, CUmemoryPool *pool, const CUmemPoolProps *props)
 {
 	CUresult rc = real(pool, props);
-	if (rc == CUDA_SUCCESS && mem_on() && props && props->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
-		gp_pool_register((uint64_t)(uintptr_t)*pool, props->location.id);
+	/* A host-located pool holds host memory: registered under a device
+	 * index no limit has (GP_MAX_DEV), so its allocations are never
+	 * charged to the current device (which is what happened to a pool the
+	 * hook did not know). */
+	if (rc == CUDA_SUCCESS && mem_on() && props)
+		gp_pool_register((uint64_t)(uintptr_t)*pool,
+				 props->location.type == CU_MEM_LOCATION_TYPE_DEVICE ? props->location.id : GP_MAX_DEV);
 	return rc;
 }
 

@@ -512,6 +512,28 @@ static int cmd_poolsync(uint64_t chunk)
 	return 0;
 }
 
+/* hostpool CHUNK: a pool located on the host: 32 chunks from it, then
+ * how many device chunks still fit. */
+static int cmd_hostpool(uint64_t chunk)
+{
+	ctx(0);
+	CUmemPoolProps pp;
+	memset(&pp, 0, sizeof pp);
+	pp.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+	pp.location.type = CU_MEM_LOCATION_TYPE_HOST;
+	CUmemoryPool pl;
+	if (A.p_cuMemPoolCreate(&pl, &pp))
+		die("cuMemPoolCreate (host)", 0);
+	int nh = 0, nd = 0;
+	CUdeviceptr b[32];
+	while (nh < 32 && A.p_cuMemAllocFromPoolAsync(&b[nh], chunk, pl, NULL) == 0)
+		nh++;
+	while (nd < MAXH && a_mem(chunk, &handles[nd]) == 0)
+		nd++;
+	printf("host=%d dev=%d\n", nh, nd);
+	return 0;
+}
+
 static int cmd_ctxgone(uint64_t chunk)
 {
 	A.p_cuInit(0);
@@ -776,6 +798,8 @@ int main(int argc, char **argv)
 		return cmd_ctxlimit(a);
 	if (!strcmp(c, "poolsync"))
 		return cmd_poolsync(a);
+	if (!strcmp(c, "hostpool"))
+		return cmd_hostpool(a);
 	if (!strcmp(c, "wrap") && argc > 4)
 		return cmd_wrap(a, atol(argv[4]));
 	if (!strcmp(c, "vmmmap"))
