@@ -117,15 +117,23 @@ extern char **environ;
 
 __attribute__((no_sanitize("address", "undefined"))) static void resolve_real_dlsym(void)
 {
+	/* glibc >= 2.34 moved dlsym into libc (GLIBC_2.34); before, its only
+	 * version is the architecture's base one: GLIBC_2.2.5 on x86_64,
+	 * GLIBC_2.17 on aarch64 (without it the hook called a NULL dlsym
+	 * there and segfaulted). */
 	void *f = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
 	if (f == NULL)
 		f = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+	if (f == NULL)
+		f = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.17");
+	if (f == NULL)
+		gp_log(GP_LOG_ERROR, "cannot find glibc's dlsym (no known symbol version); dlsym look-ups will fail");
 	gp.real_dlsym = (void *(*)(void *, const char *))f;
 }
 
 static void nvml_load(void)
 {
-	gp.libnvml = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+	gp.libnvml = gp.real_dlsym ? dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL) : NULL;
 	if (gp.libnvml == NULL)
 		return;
 	gp.nvml_index = (gp_fn_nvml_index)gp.real_dlsym(gp.libnvml, "nvmlDeviceGetIndex");
@@ -180,7 +188,9 @@ static void init_once(void)
 	if (gp.real_dlsym == NULL)
 		resolve_real_dlsym();
 	gp_config_load(&gp.cfg, environ, GP_LIMITS_PATH);
-	gp.libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+	/* Without glibc's dlsym nothing of the driver can be found: every
+	 * wrapped call then answers CUDA_ERROR_NOT_FOUND (fail closed). */
+	gp.libcuda = gp.real_dlsym ? dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL) : NULL;
 	if (gp.libcuda == NULL)
 		gp_log(GP_LOG_WARN, "libcuda.so.1 not found: %s", dlerror());
 	else {
@@ -1103,6 +1113,8 @@ GP_NO_SAN __attribute__((visibility("default"))) void *dlsym(void *handle, const
 {
 	if (gp.real_dlsym == NULL)
 		resolve_real_dlsym();
+	if (gp.real_dlsym == NULL)
+		return NULL; /* no glibc dlsym found (logged): fail the look-up, never crash */
 	/* RTLD_NEXT is relative to the caller: a tail call keeps the caller's
 	 * return address, which is how glibc finds it. Names that are not
 	 * ours take the same road. */

@@ -57,7 +57,7 @@ static unsigned long long realtime_us(void)
 
 static void nvml_syms(void)
 {
-	void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+	void *lib = gp.real_dlsym ? dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL) : NULL;
 	if (lib == NULL)
 		return;
 	gp.nvml_init = (gp_fn_nvml_init)gp.real_dlsym(lib, "nvmlInit_v2");
