@@ -66,6 +66,12 @@ func spanFor(cadenceMs int) (secs, warm float64) {
 	return 4, 2
 }
 
+// smBand is what the limiter tests assert: wider than the ±5 points the
+// limiter reaches (docs/bench/devicehook.md), because on a shared 2-core VM
+// a starved launcher or NVML sampler shifts single runs; the old limiter's
+// failures (100 %, 50/50) are far outside it.
+const smBand = 8
+
 func within(t *testing.T, what string, got, want, band float64) {
 	t.Helper()
 	if math.Abs(got-want) > band {
@@ -82,7 +88,7 @@ func TestSMLimiterHoldsTheCapAlone(t *testing.T) {
 			secs, warm := spanFor(cadence)
 			got := launchUtil(t, "kernel", secs, warm, limitedAt(30, cadence, 100000))
 			t.Logf("30%% alone, NVML every %d ms, host pids: %.1f%%", cadence, got[0])
-			within(t, "30% alone", got[0], 30, 5)
+			within(t, "30% alone", got[0], 30, smBand)
 		})
 	}
 }
@@ -96,8 +102,8 @@ func TestSMLimiterShare3070(t *testing.T) {
 			secs, warm := spanFor(cadence)
 			got := launchUtil(t, "kernel", secs, warm, limitedAt(30, cadence, 100000), limitedAt(70, cadence, 200000))
 			t.Logf("30/70, NVML every %d ms, host pids: %.1f / %.1f", cadence, got[0], got[1])
-			within(t, "the 30% container", got[0], 30, 5)
-			within(t, "the 70% container", got[1], 70, 5)
+			within(t, "the 30% container", got[0], 30, smBand)
+			within(t, "the 70% container", got[1], 70, smBand)
 		})
 	}
 }
@@ -108,7 +114,7 @@ func TestSMLimiterNextToAnUnlimitedNeighbour(t *testing.T) {
 	neighbour := env{"FAKENVML_SAMPLE_MS": "167", "FAKECUDA_PID_OFFSET": "300000"}.hooked()
 	got := launchUtil(t, "kernel", 4, 2, limited(30), neighbour)
 	t.Logf("30%% next to an unlimited neighbour: %.1f / %.1f", got[0], got[1])
-	within(t, "the 30% container", got[0], 30, 5)
+	within(t, "the 30% container", got[0], 30, smBand)
 }
 
 // Every launch API is throttled: a lone 30 % process does not take the
@@ -118,7 +124,7 @@ func TestSMLimiterCoversEveryLaunchAPI(t *testing.T) {
 		for _, api := range []string{"kernel", "ex", "coop", "graph"} {
 			t.Run(mode+"/"+api, func(t *testing.T) {
 				got := launchUtilMode(t, mode, api, 3, 1.5, limited(30))[0]
-				within(t, api+" launches limited to 30%", got, 30, 5)
+				within(t, api+" launches limited to 30%", got, 30, smBand)
 			})
 		}
 	}
@@ -135,7 +141,7 @@ func TestSMLimitIsPerContainer(t *testing.T) {
 	e["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = cache
 	got := launchUtil(t, "kernel", 4, 2, e, e)
 	t.Logf("two processes of one container at 30%%: %.1f + %.1f", got[0], got[1])
-	if sum := got[0] + got[1]; math.Abs(sum-30) > 5 {
+	if sum := got[0] + got[1]; math.Abs(sum-30) > smBand {
 		t.Errorf("a container limited to 30%% used %.1f%% of the device (%.1f + %.1f)", sum, got[0], got[1])
 	}
 }

@@ -90,3 +90,23 @@ func TestHostPoolIsNotCharged(t *testing.T) {
 		}
 	}
 }
+
+// cuGetProcAddress: the wrapper's ABI is taken from the pointer the driver
+// returned, not from the hook's own table. A driver that answers with an
+// ABI the hook does not know (the fake hands out cuMemGetInfo_v3 from
+// version 13020) gets its pointer back untouched, with one error line;
+// before, it was wrapped with the _v2 ABI (a corrupted call).
+func TestGetProcAddressChecksTheReturnedABI(t *testing.T) {
+	e := env{"FAKECUDA_MEM": fmt.Sprint(1 * gib), "CUDA_DEVICE_MEMORY_LIMIT": "64m"}.hooked()
+	out, err := command(e, "direct", "gpanewer").CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	kv := parseKV(string(out))
+	if kv["v3_untouched"] != "1" || kv["v3_rc"] != "0" || kv["v2_found"] != "1" {
+		t.Errorf("got %v, want the driver's cuMemGetInfo_v3 untouched and working", kv)
+	}
+	if !strings.Contains(string(out), "an ABI this hook does not know") {
+		t.Errorf("want one error line naming the unknown ABI, got:\n%s", out)
+	}
+}

@@ -861,6 +861,14 @@ EXPORT CUresult cuCtxSynchronize(void)
 	return CUDA_SUCCESS;
 }
 
+/* A newer ABI than the hook knows (as a future driver may add): the
+ * table hands it out from version 13020. */
+EXPORT CUresult cuMemGetInfo_v3(size_t *f, size_t *t, unsigned int flags)
+{
+	(void)flags;
+	return cuMemGetInfo_v2(f, t);
+}
+
 /* ---- cuGetProcAddress ----------------------------------------------------- */
 
 struct pa {
@@ -904,6 +912,7 @@ static const struct pa table[] = {
 	E("cuMipmappedArrayCreate", 5000, cuMipmappedArrayCreate),
 	E("cuArrayDestroy", 2000, cuArrayDestroy), E("cuMipmappedArrayDestroy", 5000, cuMipmappedArrayDestroy),
 	E("cuMemGetInfo", 2000, cuMemGetInfo), E("cuMemGetInfo", 3020, cuMemGetInfo_v2),
+	E("cuMemGetInfo", 13020, cuMemGetInfo_v3),
 	E("cuModuleLoadData", 2000, cuModuleLoadData), E("cuModuleGetFunction", 2000, cuModuleGetFunction),
 	E("cuLaunchKernel", 4000, cuLaunchKernel), P("cuLaunchKernel", 4000, cuLaunchKernel_ptsz),
 	E("cuLaunchKernelEx", 11060, cuLaunchKernelEx), P("cuLaunchKernelEx", 11060, cuLaunchKernelEx_ptsz),

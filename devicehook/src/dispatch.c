@@ -1033,6 +1033,8 @@ static int h_cuGraphLaunch(fn_cuGraphLaunch real, CUgraphExec g, CUstream s)
 
 /* ---- cuGetProcAddress ---------------------------------------------------- */
 
+static struct gp_hook *by_symbol(const char *name);
+
 static struct gp_hook *gpa_entry(const char *symbol, int ver)
 {
 	struct gp_hook *best = NULL;
@@ -1060,6 +1062,40 @@ static void *gpa_instance(struct gp_hook *h, void *realfn)
 	return h->inst_wrapper[0];
 }
 
+/* The ABI of the pointer the driver returned, checked against the
+ * driver's own exports rather than assumed from our table: the entry of
+ * `symbol` whose exported function (or its _ptsz twin) is that pointer.
+ * If none is, but the driver exports a newer version of the name (say
+ * cuMemGetInfo_v3) at that very address, the ABI is one we do not know:
+ * NULL, and the caller keeps the driver's pointer (wrapping it with an
+ * older ABI would corrupt the call; the NVML watcher enforces instead).
+ * If nothing matches (a driver whose table points elsewhere), the
+ * version-based guess stands. */
+static struct gp_hook *gpa_abi(struct gp_hook *guess, const char *symbol, void *fn)
+{
+	char name[128];
+	for (int i = 0; i < IDX_COUNT; i++) {
+		struct gp_hook *e = &hooks[i];
+		if (e->gpa_name == NULL || strcmp(e->gpa_name, symbol))
+			continue;
+		if (real_of(i) == fn)
+			return e;
+		void *lib = e->lib == LIB_CUDA ? gp.libcuda : gp.libnvml;
+		snprintf(name, sizeof name, "%s_ptsz", e->sym);
+		if (lib && gp.real_dlsym(lib, name) == fn)
+			return e;
+	}
+	for (int v = 2; v <= 9 && gp.libcuda; v++) {
+		snprintf(name, sizeof name, "%s_v%d", symbol, v);
+		if (by_symbol(name) != NULL || gp.real_dlsym(gp.libcuda, name) != fn)
+			continue;
+		gp_log(GP_LOG_ERROR, "cuGetProcAddress(%s) returned %s, an ABI this hook does not know: "
+		       "passed through unlimited", symbol, name);
+		return NULL;
+	}
+	return guess;
+}
+
 static CUresult gpa_wrap(CUresult rc, const char *symbol, void **pfn, int ver)
 {
 	if (rc != CUDA_SUCCESS || pfn == NULL || *pfn == NULL || symbol == NULL || gp.cfg.disabled)
@@ -1074,6 +1110,8 @@ static CUresult gpa_wrap(CUresult rc, const char *symbol, void **pfn, int ver)
 		*pfn = h->wrapper; /* our own resolver, so later look-ups stay covered */
 		return rc;
 	}
+	if ((h = gpa_abi(h, symbol, *pfn)) == NULL)
+		return rc; /* an ABI we do not know: the driver's pointer, untouched */
 	*pfn = gpa_instance(h, *pfn);
 	return rc;
 }

@@ -534,6 +534,28 @@ static int cmd_hostpool(uint64_t chunk)
 	return 0;
 }
 
+/* gpanewer: cuGetProcAddress_v2("cuMemGetInfo", 13020), where the fake
+ * driver answers with cuMemGetInfo_v3, an ABI the hook does not know: the
+ * pointer must come back untouched (and work with its own ABI). */
+static int cmd_gpanewer(void)
+{
+	ctx(0);
+	void *cu = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+	CUresult (*gpa2)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *) =
+		(CUresult(*)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *))dlsym(
+			cu, "cuGetProcAddress_v2");
+	void *v3 = NULL, *v2 = NULL;
+	CUdriverProcAddressQueryResult st;
+	gpa2("cuMemGetInfo", &v3, 13020, CU_GET_PROC_ADDRESS_DEFAULT, &st);
+	gpa2("cuMemGetInfo", &v2, 12080, CU_GET_PROC_ADDRESS_DEFAULT, &st);
+	size_t f = 0, t = 0;
+	CUresult rc = ((CUresult(*)(size_t *, size_t *, unsigned))v3)(&f, &t, 0);
+	/* dlsym on the driver: not a name the hook wraps, so the driver's own. */
+	printf("v3_untouched=%d v3_rc=%d v3_total=%zu v2_found=%d\n", v3 == dlsym(cu, "cuMemGetInfo_v3"), (int)rc, t,
+	       v2 != NULL);
+	return 0;
+}
+
 static int cmd_ctxgone(uint64_t chunk)
 {
 	A.p_cuInit(0);
@@ -800,6 +822,8 @@ int main(int argc, char **argv)
 		return cmd_poolsync(a);
 	if (!strcmp(c, "hostpool"))
 		return cmd_hostpool(a);
+	if (!strcmp(c, "gpanewer"))
+		return cmd_gpanewer();
 	if (!strcmp(c, "wrap") && argc > 4)
 		return cmd_wrap(a, atol(argv[4]));
 	if (!strcmp(c, "vmmmap"))
