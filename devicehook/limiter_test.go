@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -143,5 +144,25 @@ func TestSMLimitIsPerContainer(t *testing.T) {
 	t.Logf("two processes of one container at 30%%: %.1f + %.1f", got[0], got[1])
 	if sum := got[0] + got[1]; math.Abs(sum-30) > smBand {
 		t.Errorf("a container limited to 30%% used %.1f%% of the device (%.1f + %.1f)", sum, got[0], got[1])
+	}
+}
+
+// On a MIG device the slice bounds the SMs and NVML has no per-process
+// utilisation: the hook says once that the SM limit does not apply and
+// does not throttle (before, it silently ran on whatever NVML gave).
+func TestSMLimitOnMIGSaysItDoesNotApply(t *testing.T) {
+	e := limited(30)
+	e["FAKENVML_MIG"] = "1"
+	state := filepath.Join(t.TempDir(), "device")
+	e["FAKECUDA_STATE"] = state
+	out, err := command(e, "gpa", "launch", "kernel", "1.5", "0.5").CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if n := strings.Count(string(out), "device 0 is in MIG mode: CUDA_DEVICE_SM_LIMIT=30 does not apply"); n != 1 {
+		t.Errorf("want one warning for device 0 that the SM limit does not apply on MIG, got %d:\n%s", n, out)
+	}
+	if got := float(t, parseKV(string(out)), "util"); got < 80 {
+		t.Errorf("on MIG the process should run unthrottled, got %.1f%%", got)
 	}
 }

@@ -138,6 +138,16 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessU
 	return NVML_SUCCESS;
 }
 
+/* FAKENVML_MIG=1: every device is in MIG mode. */
+EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t d, unsigned *current, unsigned *pending)
+{
+	if (idx(d) < 0 || idx(d) >= fakecuda_ndev() || !current || !pending)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	const char *v = getenv("FAKENVML_MIG");
+	*current = *pending = (v && *v == '1') ? 1 : 0;
+	return NVML_SUCCESS;
+}
+
 EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned *count, nvmlProcessInfo_t *out)
 {
 	int dev = idx(d);

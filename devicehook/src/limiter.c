@@ -65,6 +65,7 @@ static void nvml_syms(void)
 	gp.nvml_procutil = (gp_fn_nvml_procutil)gp.real_dlsym(lib, "nvmlDeviceGetProcessUtilization");
 	gp.nvml_util = (gp_fn_nvml_util)gp.real_dlsym(lib, "nvmlDeviceGetUtilizationRates");
 	gp.nvml_procs = (gp_fn_nvml_procs)gp.real_dlsym(lib, "nvmlDeviceGetComputeRunningProcesses_v3");
+	gp.nvml_migmode = (gp_fn_nvml_migmode)gp.real_dlsym(lib, "nvmlDeviceGetMigMode");
 	gp.nvml_ok = gp.nvml_init != NULL && gp.nvml_init() == NVML_SUCCESS && gp.nvml_byindex && gp.nvml_procutil;
 }
 
@@ -341,6 +342,18 @@ static void start_control(void)
 	if (!nvml_ready()) {
 		gp_log(GP_LOG_ERROR, "SM limit set but NVML is unavailable; launches are not throttled");
 		return;
+	}
+	/* On a MIG device the slice is the SM limit, and NVML reports no
+	 * per-process utilisation: say so, once, and do not throttle. */
+	for (int d = 0; d < GP_MAX_DEV; d++) {
+		nvmlDevice_t h;
+		unsigned cur = 0, pend = 0;
+		if (gp.lim[d].target == 0 || !gp.nvml_migmode || gp.nvml_byindex((unsigned)d, &h) != NVML_SUCCESS ||
+		    gp.nvml_migmode(h, &cur, &pend) != NVML_SUCCESS || cur != 1 /* NVML_DEVICE_MIG_ENABLE */)
+			continue;
+		gp_log(GP_LOG_WARN, "device %d is in MIG mode: CUDA_DEVICE_SM_LIMIT=%d does not apply (the MIG slice "
+		       "bounds the SMs); launches are not throttled", d, gp.lim[d].target);
+		gp.lim[d].target = 0;
 	}
 	/* The thread blocks every signal so it never runs application handlers. */
 	sigset_t all, old;

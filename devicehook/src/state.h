@@ -236,6 +236,7 @@ typedef nvmlReturn_t (*gp_fn_nvml_util)(nvmlDevice_t, nvmlUtilization_t *);
 typedef nvmlReturn_t (*gp_fn_nvml_byindex)(unsigned int, nvmlDevice_t *);
 typedef nvmlReturn_t (*gp_fn_nvml_init)(void);
 typedef nvmlReturn_t (*gp_fn_nvml_procs)(nvmlDevice_t, unsigned int *, nvmlProcessInfo_t *);
+typedef nvmlReturn_t (*gp_fn_nvml_migmode)(nvmlDevice_t, unsigned int *, unsigned int *);
 typedef CUresult (*gp_fn_pool_attr)(CUmemoryPool, int, void *);
 typedef CUresult (*gp_fn_dev_pool)(CUmemoryPool *, CUdevice);
 typedef CUresult (*gp_fn_pool_trim)(CUmemoryPool, size_t);
@@ -259,6 +260,7 @@ struct gp_state {
 	gp_fn_nvml_byindex nvml_byindex;
 	gp_fn_nvml_init nvml_init;
 	gp_fn_nvml_procs nvml_procs;     /* nvmlDeviceGetComputeRunningProcesses_v3 */
+	gp_fn_nvml_migmode nvml_migmode; /* nvmlDeviceGetMigMode */
 	pthread_once_t nvml_sym_once;    /* the limiter's NVML symbols */
 	int nvml_ok;
 	_Atomic unsigned host_pid;       /* this process as NVML numbers it; 0 = unknown */
