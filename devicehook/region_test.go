@@ -1,12 +1,14 @@
 package devicehook
 
 import (
+	"bufio"
 	"encoding/binary"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -94,25 +96,136 @@ func TestRegionReclaimsStaleSlots(t *testing.T) {
 	}
 }
 
-// A file with another layout is left alone; accounting falls back to the
-// process, loudly, and limits still hold.
-func TestRegionWithForeignLayoutIsNotTouched(t *testing.T) {
-	cache := filepath.Join(t.TempDir(), "cache")
-	foreign := []byte("HAMi-core shared region, not ours")
-	if err := os.WriteFile(cache, foreign, 0o644); err != nil {
+// A file with another layout is left alone, and the process fails closed:
+// per-process accounting would hand out the whole limit once more.
+func TestRegionWithForeignLayoutFailsClosed(t *testing.T) {
+	for name, foreign := range map[string][]byte{
+		"short file":            []byte("HAMi-core shared region, not ours"),
+		"our size, other magic": append([]byte("HAMiHAMi"), make([]byte, slotsOffset+slotSize*1024-8)...),
+	} {
+		t.Run(name, func(t *testing.T) {
+			cache := filepath.Join(t.TempDir(), "cache")
+			if err := os.WriteFile(cache, foreign, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			e := env{"FAKECUDA_MEM": fmt.Sprint(1 * gib), "CUDA_DEVICE_MEMORY_LIMIT": "64m",
+				"CUDA_DEVICE_MEMORY_SHARED_CACHE": cache}.hooked()
+			out, err := command(e, "direct", "grab", fmt.Sprint(4*mib)).CombinedOutput()
+			if err != nil {
+				t.Fatalf("%v: %s", err, out)
+			}
+			if kv := parseKV(string(out)); kv["n"] != "0" || !strings.Contains(string(out), "another layout") ||
+				strings.Count(string(out), " ERROR] ") != 1 {
+				t.Errorf("output %q: want 0 chunks and one error naming the foreign layout", out)
+			}
+			if b, _ := os.ReadFile(cache); string(b) != string(foreign) {
+				t.Errorf("the foreign file was modified")
+			}
+		})
+	}
+}
+
+// Requests of 2^64 - (what is held) from two threads while a third
+// allocates: a wrapping add-then-check lets the third pass the limit.
+func TestHugeRequestsCannotWrapTheLimit(t *testing.T) {
+	for _, shared := range []bool{false, true} {
+		t.Run(fmt.Sprintf("shared=%v", shared), func(t *testing.T) {
+			e := env{"FAKECUDA_MEM": fmt.Sprint(1 * gib), "CUDA_DEVICE_MEMORY_LIMIT": "64m"}
+			if shared {
+				e["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = filepath.Join(t.TempDir(), "cache")
+			}
+			kv := run(t, e.hooked(), "direct", "wrap", fmt.Sprint(4*mib), "300")
+			if got := num(t, kv, "max_used"); got > 64*mib {
+				t.Errorf("the driver held %d MiB under a 64 MiB limit", got/mib)
+			}
+			if got := num(t, kv, "held"); got != 64*mib {
+				t.Errorf("the allocating thread holds %d MiB, want exactly the 64 MiB limit", got/mib)
+			}
+		})
+	}
+}
+
+// A shared cache that cannot be used fails closed with one log line:
+// not readable-writable, not a regular file (a FIFO must not block).
+func TestUnusableSharedCacheFailsClosed(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo")
+	if err := exec.Command("mkfifo", fifo).Run(); err != nil {
 		t.Fatal(err)
 	}
+	for name, cache := range map[string]string{"fifo": fifo, "directory": dir,
+		"missing directory": filepath.Join(dir, "no", "cache")} {
+		t.Run(name, func(t *testing.T) {
+			e := env{"FAKECUDA_MEM": fmt.Sprint(1 * gib), "CUDA_DEVICE_MEMORY_LIMIT": "64m",
+				"CUDA_DEVICE_MEMORY_SHARED_CACHE": cache}.hooked()
+			out, err := command(e, "direct", "grab", fmt.Sprint(4*mib)).CombinedOutput()
+			if err != nil {
+				t.Fatalf("%v: %s", err, out)
+			}
+			if kv := parseKV(string(out)); kv["n"] != "0" || strings.Count(string(out), " ERROR] ") != 1 ||
+				!strings.Contains(string(out), "every GPU memory allocation is refused") {
+				t.Errorf("output %q: want 0 chunks and one error line", out)
+			}
+		})
+	}
+}
+
+// Processes of two uids in one container share one limit: the file is
+// created usable by both whatever the creator's umask.
+func TestSharedCacheAcrossUIDs(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to run a second uid")
+	}
+	dir := t.TempDir()
+	if err := os.Chmod(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	cache := filepath.Join(dir, "cache")
 	e := env{"FAKECUDA_MEM": fmt.Sprint(1 * gib), "CUDA_DEVICE_MEMORY_LIMIT": "64m",
 		"CUDA_DEVICE_MEMORY_SHARED_CACHE": cache}.hooked()
-	cmd := command(e, "direct", "grab", fmt.Sprint(4*mib))
+	// Root, umask 022, holds 32 MiB and creates the file.
+	holder := exec.Command("sh", "-c", `umask 022; exec "$@"`, "sh", hooktest, "direct", "hold", fmt.Sprint(8*mib))
+	holder.Env = e.list()
+	stdin, _ := holder.StdinPipe()
+	stdout, _ := holder.StdoutPipe()
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { stdin.Close(); holder.Wait() }()
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := num(t, parseKV(line), "held") * 8 * mib
+	// ... then uid 65534 gets exactly the rest.
+	other := command(e, "direct", "grab", fmt.Sprint(4*mib))
+	other.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := other.CombinedOutput()
+	if err != nil {
+		t.Fatalf("uid 65534: %v: %s", err, out)
+	}
+	if got := num(t, parseKV(string(out)), "n") * 4 * mib; held+got != 64*mib {
+		t.Errorf("root holds %d MiB, uid 65534 got %d MiB: want %d MiB together\n%s", held/mib, got/mib, 64, out)
+	}
+}
+
+// On a full filesystem the shared cache cannot be backed: the process
+// refuses allocations with one log line instead of dying of SIGBUS.
+func TestSharedCacheOnFullFilesystem(t *testing.T) {
+	testenvUnshare(t)
+	dir := t.TempDir()
+	script := fmt.Sprintf(`set -e
+mount -t tmpfs -o size=64k tmpfs %[1]s
+dd if=/dev/zero of=%[1]s/filler bs=4k count=64 2>/dev/null || true
+exec "$@"`, dir)
+	cmd := exec.Command("unshare", "-m", "-r", "sh", "-c", script, "sh", hooktest, "direct", "grab", fmt.Sprint(4*mib))
+	cmd.Env = env{"FAKECUDA_MEM": fmt.Sprint(1 * gib), "CUDA_DEVICE_MEMORY_LIMIT": "64m",
+		"CUDA_DEVICE_MEMORY_SHARED_CACHE": filepath.Join(dir, "cache")}.hooked().list()
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		t.Fatalf("%v: %s", err, out)
+		t.Fatalf("the process died on a full filesystem (%v): %s", err, out)
 	}
-	if kv := parseKV(string(out)); kv["n"] != "16" || !strings.Contains(string(out), "another layout") {
-		t.Errorf("output %q: want 16 chunks and an error naming the foreign layout", out)
-	}
-	if b, _ := os.ReadFile(cache); string(b) != string(foreign) {
-		t.Errorf("the foreign file was modified")
+	if kv := parseKV(string(out)); kv["n"] != "0" || !strings.Contains(string(out), "every GPU memory allocation is refused") {
+		t.Errorf("output %q: want 0 chunks and one error line", out)
 	}
 }

@@ -14,12 +14,26 @@
  *    processes of a test, or private). A launch of g blocks of function
  *    "k<N>" occupies the device for g*N ns. The launch queue holds
  *    QUEUE_NS of work; a launch beyond it blocks, as the real driver does.
+ *    Each process's device time is also kept in BUCKET_NS buckets (a ring
+ *    of NBUCKET), so the fake NVML can report what ran in any past window
+ *    of the last second or two, as the real one samples it.
+ *  - Processes are numbered as a host would: FAKECUDA_PID_OFFSET (per
+ *    process, default 0) is added to getpid() wherever NVML reports a pid,
+ *    as for a container in its own pid namespace.
+ *  - A context costs FAKECUDA_CTX_MEM bytes of device memory (default 0,
+ *    the idealised driver older tests assume; real ones cost 300-600 MiB),
+ *    taken at creation (a primary context: at its first retain) and given
+ *    back at destruction.
+ *  - Live contexts per process and device are counted in the shared state
+ *    (nvmlDeviceGetComputeRunningProcesses lists them).
  *  - cuGetProcAddress hands out versioned ABIs like the driver, and
  *    distinct functions for per-thread-default-stream (_ptsz) requests.
  *  - fakecuda_* functions expose counters to tests.
  */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -41,7 +55,13 @@
 struct fake_ctx {
 	int dev;
 	int primary;
+	uint64_t limit[3]; /* CUlimit stack (per thread), printf FIFO, malloc heap */
 };
+
+/* An H100's worth of resident threads: the stack limit is reserved for each. */
+#define FAKE_SMS 132
+#define FAKE_THREADS_PER_SM 2048
+static const uint64_t limit_default[3] = {1024, 1 << 20, 8 << 20};
 
 #define POOL_GRANULE (32ull << 20)
 
@@ -49,16 +69,30 @@ struct fake_pool {
 	int dev;
 	pthread_mutex_t mu;
 	uint64_t reserved, live;
+	int destroyed; /* cuMemPoolDestroy with blocks outstanding: released at the last free */
+	int host;      /* a host-located pool: pinned host memory, no device bytes */
 };
 static struct fake_pool default_pool[MAXDEV];
 
+
+#define BUCKET_NS 1000000ull
+#define NBUCKET 2048
+
+struct bucket {
+	_Atomic uint64_t epoch; /* absolute bucket number; stale when != expected */
+	_Atomic uint64_t ns;
+};
 
 struct clock_state {
 	_Atomic uint64_t busy_until[MAXDEV];
 	struct {
 		_Atomic uint64_t pid;
 		_Atomic uint64_t busy[MAXDEV];
+		_Atomic uint64_t hostpid;
+		_Atomic int64_t ctxs[MAXDEV]; /* live contexts on each device */
+		_Atomic int64_t mem[MAXDEV];  /* device bytes this process holds */
 	} proc[MAXPROC];
+	struct bucket buckets[MAXPROC][MAXDEV][NBUCKET];
 };
 
 static struct {
@@ -91,7 +125,7 @@ static void fake_init(void)
 	v = getenv("FAKECUDA_MEM");
 	F.mem = v ? strtoull(v, NULL, 10) : (16ull << 30);
 	for (int i = 0; i < MAXDEV; i++) {
-		F.primary[i] = (struct fake_ctx){i, 1};
+		F.primary[i] = (struct fake_ctx){i, 1, {limit_default[0], limit_default[1], limit_default[2]}};
 		default_pool[i].dev = i;
 		pthread_mutex_init(&default_pool[i].mu, NULL);
 	}
@@ -117,15 +151,54 @@ static int proc_slot(void)
 	uint64_t pid = (uint64_t)getpid();
 	if (F.myproc >= 0 && atomic_load(&F.clk->proc[F.myproc].pid) == pid)
 		return F.myproc;
+	const char *off = getenv("FAKECUDA_PID_OFFSET");
+	uint64_t host = pid + (off ? strtoull(off, NULL, 10) : 0);
 	for (int i = 0; i < MAXPROC; i++) {
 		uint64_t z = 0;
 		if (atomic_load(&F.clk->proc[i].pid) == pid ||
 		    atomic_compare_exchange_strong(&F.clk->proc[i].pid, &z, pid)) {
+			atomic_store(&F.clk->proc[i].hostpid, host);
 			F.myproc = i;
 			return i;
 		}
 	}
 	return -1;
+}
+
+static void proc_mem(int dev, int64_t delta)
+{
+	int s = proc_slot();
+	if (s >= 0 && dev >= 0 && dev < MAXDEV)
+		atomic_fetch_add(&F.clk->proc[s].mem[dev], delta);
+}
+
+static int dev_take(int dev, uint64_t size);
+
+static uint64_t ctx_mem(void)
+{
+	const char *v = getenv("FAKECUDA_CTX_MEM");
+	return v ? strtoull(v, NULL, 10) : 0;
+}
+
+static void ctx_count(int dev, int delta)
+{
+	int s = proc_slot();
+	if (s >= 0 && dev >= 0 && dev < MAXDEV)
+		atomic_fetch_add(&F.clk->proc[s].ctxs[dev], delta);
+}
+
+/* Adds [start, end) of device time to this process's buckets. */
+static void bucket_add(int s, int dev, uint64_t start, uint64_t end)
+{
+	for (uint64_t b = start / BUCKET_NS; b * BUCKET_NS < end; b++) {
+		uint64_t lo = b * BUCKET_NS > start ? b * BUCKET_NS : start;
+		uint64_t hi = (b + 1) * BUCKET_NS < end ? (b + 1) * BUCKET_NS : end;
+		struct bucket *k = &F.clk->buckets[s][dev][b % NBUCKET];
+		uint64_t e = atomic_load(&k->epoch);
+		if (e != b && atomic_compare_exchange_strong(&k->epoch, &e, b))
+			atomic_store(&k->ns, 0);
+		atomic_fetch_add(&k->ns, hi - lo);
+	}
 }
 
 /* ---- test introspection -------------------------------------------------- */
@@ -134,6 +207,49 @@ EXPORT uint64_t fakecuda_used(int dev) { init(); return dev >= 0 && dev < MAXDEV
 EXPORT uint64_t fakecuda_alloc_calls(void) { return atomic_load(&F.alloc_calls); }
 EXPORT uint64_t fakecuda_mem(void) { init(); return F.mem; }
 EXPORT int fakecuda_ndev(void) { init(); return F.ndev; }
+
+/* Device time each process had on dev in [from, to) (monotonic ns, within
+ * the last NBUCKET buckets), with its host pid; only live processes that
+ * had some. For the fake NVML. */
+EXPORT int fakecuda_window(int dev, uint64_t from, uint64_t to, uint64_t *hostpids, uint64_t *busy, int max)
+{
+	init();
+	int n = 0;
+	for (int i = 0; i < MAXPROC && n < max; i++) {
+		uint64_t p = atomic_load(&F.clk->proc[i].pid);
+		if (p == 0 || (kill((pid_t)p, 0) != 0 && errno == ESRCH))
+			continue;
+		uint64_t sum = 0;
+		for (uint64_t b = from / BUCKET_NS; b < to / BUCKET_NS; b++) {
+			struct bucket *k = &F.clk->buckets[i][dev][b % NBUCKET];
+			if (atomic_load(&k->epoch) == b)
+				sum += atomic_load(&k->ns);
+		}
+		if (sum == 0)
+			continue;
+		hostpids[n] = atomic_load(&F.clk->proc[i].hostpid);
+		busy[n] = sum;
+		n++;
+	}
+	return n;
+}
+
+/* Live processes with a context on dev, by host pid, with the device
+ * memory each holds. */
+EXPORT int fakecuda_ctx_procs(int dev, uint64_t *hostpids, uint64_t *mem, int max)
+{
+	init();
+	int n = 0;
+	for (int i = 0; i < MAXPROC && n < max; i++) {
+		uint64_t p = atomic_load(&F.clk->proc[i].pid);
+		if (p == 0 || atomic_load(&F.clk->proc[i].ctxs[dev]) <= 0 || (kill((pid_t)p, 0) != 0 && errno == ESRCH))
+			continue;
+		int64_t m = atomic_load(&F.clk->proc[i].mem[dev]);
+		mem[n] = m > 0 ? (uint64_t)m : 0;
+		hostpids[n++] = atomic_load(&F.clk->proc[i].hostpid);
+	}
+	return n;
+}
 /* Cumulative simulated busy ns of every process that launched on dev. */
 EXPORT int fakecuda_busy(int dev, uint64_t *pids, uint64_t *busy, int max)
 {
@@ -185,7 +301,10 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d)
 	init();
 	if (d < 0 || d >= F.ndev)
 		return CUDA_ERROR_INVALID_VALUE;
-	atomic_fetch_add(&F.primary_refs[d], 1);
+	if (atomic_load(&F.primary_refs[d]) == 0 && ctx_mem() && dev_take(d, ctx_mem()) != 0)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	if (atomic_fetch_add(&F.primary_refs[d], 1) == 0)
+		ctx_count(d, 1);
 	*c = (CUcontext)&F.primary[d];
 	return CUDA_SUCCESS;
 }
@@ -193,7 +312,11 @@ EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d)
 {
 	if (d < 0 || d >= F.ndev || atomic_load(&F.primary_refs[d]) == 0)
 		return CUDA_ERROR_INVALID_CONTEXT;
-	atomic_fetch_sub(&F.primary_refs[d], 1);
+	if (atomic_fetch_sub(&F.primary_refs[d], 1) == 1) {
+		ctx_count(d, -1);
+		atomic_fetch_sub(&F.used[d], ctx_mem());
+		proc_mem(d, -(int64_t)ctx_mem());
+	}
 	return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice d) { (void)d; return CUDA_SUCCESS; }
@@ -202,9 +325,13 @@ static CUresult ctx_create(CUcontext *c, CUdevice d)
 	init();
 	if (d < 0 || d >= F.ndev)
 		return CUDA_ERROR_INVALID_VALUE;
+	if (ctx_mem() && dev_take(d, ctx_mem()) != 0)
+		return CUDA_ERROR_OUT_OF_MEMORY;
 	struct fake_ctx *x = malloc(sizeof *x);
 	x->dev = d;
 	x->primary = 0;
+	memcpy(x->limit, limit_default, sizeof x->limit);
+	ctx_count(d, 1);
 	cur = x;
 	*c = (CUcontext)x;
 	return CUDA_SUCCESS;
@@ -212,6 +339,49 @@ static CUresult ctx_create(CUcontext *c, CUdevice d)
 EXPORT CUresult cuCtxCreate_v2(CUcontext *c, unsigned f, CUdevice d) { (void)f; return ctx_create(c, d); }
 EXPORT CUresult cuCtxCreate_v3(CUcontext *c, void *p, int n, unsigned f, CUdevice d) { (void)p; (void)n; (void)f; return ctx_create(c, d); }
 EXPORT CUresult cuCtxCreate_v4(CUcontext *c, void *p, unsigned f, CUdevice d) { (void)p; (void)f; return ctx_create(c, d); }
+static uint64_t limit_cost(int l, uint64_t v) { return l == 0 ? v * FAKE_SMS * FAKE_THREADS_PER_SM : v; }
+
+/* Growth past the defaults costs device memory (the defaults are part of
+ * FAKECUDA_CTX_MEM), as the real driver reserves it. */
+EXPORT CUresult cuCtxSetLimit(CUlimit l, size_t v)
+{
+	if (cur == NULL)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	if ((int)l < 0 || l > 2)
+		return CUDA_ERROR_INVALID_VALUE;
+	uint64_t o = limit_cost(l, cur->limit[l]), n = limit_cost(l, v);
+	if (n > o && dev_take(cur->dev, n - o) != 0)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	if (o > n) {
+		atomic_fetch_sub(&F.used[cur->dev], o - n);
+		proc_mem(cur->dev, -(int64_t)(o - n));
+	}
+	cur->limit[l] = v;
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuCtxGetLimit(size_t *v, CUlimit l)
+{
+	if (cur == NULL)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	if ((int)l < 0 || l > 2 || v == NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	*v = cur->limit[l];
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d)
+{
+	init();
+	if (d < 0 || d >= F.ndev || v == NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (attr == CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+		*v = FAKE_SMS;
+	else if (attr == CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)
+		*v = FAKE_THREADS_PER_SM;
+	else
+		return CUDA_ERROR_INVALID_VALUE;
+	return CUDA_SUCCESS;
+}
+
 EXPORT CUresult cuCtxDestroy_v2(CUcontext c)
 {
 	struct fake_ctx *x = (struct fake_ctx *)c;
@@ -219,6 +389,9 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext c)
 		return CUDA_ERROR_INVALID_CONTEXT;
 	if (cur == x)
 		cur = NULL;
+	ctx_count(x->dev, -1);
+	atomic_fetch_sub(&F.used[x->dev], ctx_mem());
+	proc_mem(x->dev, -(int64_t)ctx_mem());
 	free(x);
 	return CUDA_SUCCESS;
 }
@@ -238,11 +411,14 @@ struct hdr {
 /* Device bytes: charged to F.used unless a pool has reserved them. */
 static int dev_take(int dev, uint64_t size)
 {
-	uint64_t used = atomic_fetch_add(&F.used[dev], size);
-	if (used + size > F.mem) {
-		atomic_fetch_sub(&F.used[dev], size);
-		return -1;
-	}
+	/* Like the real driver, a request larger than the device is refused
+	 * outright: no 64-bit wrap-around in the fake's own books. */
+	uint64_t used = atomic_load(&F.used[dev]);
+	do {
+		if (size > F.mem || used > F.mem - size)
+			return -1;
+	} while (!atomic_compare_exchange_weak(&F.used[dev], &used, used + size));
+	proc_mem(dev, (int64_t)size);
 	return 0;
 }
 
@@ -264,8 +440,10 @@ static void *raw_alloc_in(int dev, uint64_t size, int low32, struct fake_pool *p
 			p = NULL;
 	}
 	if (p == NULL) {
-		if (pool == NULL)
+		if (pool == NULL) {
 			atomic_fetch_sub(&F.used[dev], size);
+			proc_mem(dev, -(int64_t)size);
+		}
 		return NULL;
 	}
 	struct hdr *h = (struct hdr *)p;
@@ -282,7 +460,7 @@ static void *pool_alloc(struct fake_pool *fp, uint64_t size)
 	pthread_mutex_lock(&fp->mu);
 	if (fp->live + size > fp->reserved) {
 		uint64_t want = round_granule(fp->live + size);
-		if (dev_take(fp->dev, want - fp->reserved) != 0) {
+		if (!fp->host && dev_take(fp->dev, want - fp->reserved) != 0) {
 			pthread_mutex_unlock(&fp->mu);
 			return NULL;
 		}
@@ -308,11 +486,22 @@ static CUresult raw_free(void *q)
 		return CUDA_ERROR_INVALID_VALUE;
 	h->magic = 0;
 	if (h->pool) {
-		pthread_mutex_lock(&h->pool->mu);
-		h->pool->live -= h->size; /* stays reserved by the pool */
-		pthread_mutex_unlock(&h->pool->mu);
-	} else
+		struct fake_pool *fp = h->pool;
+		pthread_mutex_lock(&fp->mu);
+		fp->live -= h->size; /* stays reserved by the pool */
+		int gone = fp->destroyed && fp->live == 0;
+		pthread_mutex_unlock(&fp->mu);
+		if (gone) {
+			if (!fp->host) {
+				atomic_fetch_sub(&F.used[fp->dev], fp->reserved);
+				proc_mem(fp->dev, -(int64_t)fp->reserved);
+			}
+			free(fp);
+		}
+	} else {
 		atomic_fetch_sub(&F.used[h->dev], h->size);
+		proc_mem(h->dev, -(int64_t)h->size);
+	}
 	if (h->maplen)
 		munmap(h, h->maplen);
 	else
@@ -375,10 +564,14 @@ EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t n, CUstream s) { ret
 EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
 {
 	init();
-	if (!props || props->location.type != CU_MEM_LOCATION_TYPE_DEVICE || props->location.id >= F.ndev)
+	if (!props)
+		return CUDA_ERROR_INVALID_VALUE;
+	int host = props->location.type == CU_MEM_LOCATION_TYPE_HOST || props->location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA;
+	if (!host && (props->location.type != CU_MEM_LOCATION_TYPE_DEVICE || props->location.id >= F.ndev))
 		return CUDA_ERROR_INVALID_VALUE;
 	struct fake_pool *fp = calloc(1, sizeof *fp);
-	fp->dev = props->location.id;
+	fp->dev = host ? 0 : props->location.id;
+	fp->host = host;
 	pthread_mutex_init(&fp->mu, NULL);
 	*pool = (CUmemoryPool)fp;
 	return CUDA_SUCCESS;
@@ -389,7 +582,10 @@ EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
 	pthread_mutex_lock(&fp->mu);
 	uint64_t want = round_granule(fp->live > keep ? fp->live : keep);
 	if (want < fp->reserved) {
-		atomic_fetch_sub(&F.used[fp->dev], fp->reserved - want);
+		if (!fp->host) {
+			atomic_fetch_sub(&F.used[fp->dev], fp->reserved - want);
+			proc_mem(fp->dev, -(int64_t)(fp->reserved - want));
+		}
 		fp->reserved = want;
 	}
 	pthread_mutex_unlock(&fp->mu);
@@ -397,8 +593,29 @@ EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
 }
 EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
 {
+	/* As the driver documents: with allocations outstanding the pool's
+	 * resources go when the last is freed; the handle is dead at once
+	 * (later calls on it are the caller's bug: here they fail). */
 	struct fake_pool *fp = (struct fake_pool *)pool;
-	atomic_fetch_sub(&F.used[fp->dev], fp->reserved);
+	pthread_mutex_lock(&fp->mu);
+	if (fp->live > 0) {
+		uint64_t keep = round_granule(fp->live);
+		if (keep < fp->reserved) {
+			if (!fp->host) {
+				atomic_fetch_sub(&F.used[fp->dev], fp->reserved - keep);
+				proc_mem(fp->dev, -(int64_t)(fp->reserved - keep));
+			}
+			fp->reserved = keep;
+		}
+		fp->destroyed = 1;
+		pthread_mutex_unlock(&fp->mu);
+		return CUDA_SUCCESS;
+	}
+	pthread_mutex_unlock(&fp->mu);
+	if (!fp->host) {
+		atomic_fetch_sub(&F.used[fp->dev], fp->reserved);
+		proc_mem(fp->dev, -(int64_t)fp->reserved);
+	}
 	free(pool);
 	return CUDA_SUCCESS;
 }
@@ -406,6 +623,10 @@ EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value)
 {
 	struct fake_pool *fp = (struct fake_pool *)pool;
 	pthread_mutex_lock(&fp->mu);
+	if (fp->destroyed) {
+		pthread_mutex_unlock(&fp->mu);
+		return CUDA_ERROR_INVALID_VALUE;
+	}
 	uint64_t v = attr == CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT ? fp->reserved
 		     : attr == CU_MEMPOOL_ATTR_USED_MEM_CURRENT   ? fp->live
 								  : 0;
@@ -454,8 +675,10 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t n, const CUm
 	void *q = raw_alloc(dev, n, 0);
 	if (q == NULL)
 		return CUDA_ERROR_OUT_OF_MEMORY;
-	if (prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+	if (prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
 		atomic_fetch_sub(&F.used[dev], n); /* host memory: not on any device */
+		proc_mem(dev, -(int64_t)n);
+	}
 	*h = (CUmemGenericAllocationHandle)(uintptr_t)q;
 	return CUDA_SUCCESS;
 }
@@ -555,8 +778,10 @@ static CUresult run_on_clock(uint64_t ns)
 		start = bu > now ? bu : now;
 	} while (!atomic_compare_exchange_weak(&F.clk->busy_until[dev], &bu, start + ns));
 	int s = proc_slot();
-	if (s >= 0)
+	if (s >= 0) {
 		atomic_fetch_add(&F.clk->proc[s].busy[dev], ns);
+		bucket_add(s, dev, start, start + ns);
+	}
 	uint64_t end = start + ns;
 	if (end > now + QUEUE_NS) {
 		uint64_t wait = end - now - QUEUE_NS;
@@ -628,7 +853,20 @@ EXPORT CUresult cuCtxSynchronize(void)
 		struct timespec ts = {(time_t)((bu - now) / 1000000000ull), (long)((bu - now) % 1000000000ull)};
 		nanosleep(&ts, NULL);
 	}
+	/* The device's default pool has the driver's default release threshold
+	 * (0): at a synchronisation it gives back what it holds beyond its live
+	 * blocks. (Pools made with cuMemPoolCreate keep theirs, as with a high
+	 * threshold, until cuMemPoolTrimTo.) */
+	cuMemPoolTrimTo((CUmemoryPool)&default_pool[cur->dev], 0);
 	return CUDA_SUCCESS;
+}
+
+/* A newer ABI than the hook knows (as a future driver may add): the
+ * table hands it out from version 13020. */
+EXPORT CUresult cuMemGetInfo_v3(size_t *f, size_t *t, unsigned int flags)
+{
+	(void)flags;
+	return cuMemGetInfo_v2(f, t);
 }
 
 /* ---- cuGetProcAddress ----------------------------------------------------- */
@@ -651,6 +889,8 @@ static const struct pa table[] = {
 	E("cuCtxGetCurrent", 4000, cuCtxGetCurrent), E("cuCtxSynchronize", 2000, cuCtxSynchronize),
 	E("cuCtxCreate", 3020, cuCtxCreate_v2), E("cuCtxCreate", 11040, cuCtxCreate_v3),
 	E("cuCtxCreate", 12050, cuCtxCreate_v4), E("cuCtxDestroy", 4000, cuCtxDestroy_v2),
+	E("cuCtxSetLimit", 3010, cuCtxSetLimit), E("cuCtxGetLimit", 3010, cuCtxGetLimit),
+	E("cuDeviceGetAttribute", 2000, cuDeviceGetAttribute),
 	E("cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain),
 	E("cuDevicePrimaryCtxRelease", 11000, cuDevicePrimaryCtxRelease_v2),
 	E("cuDevicePrimaryCtxReset", 11000, cuDevicePrimaryCtxReset_v2),
@@ -672,6 +912,7 @@ static const struct pa table[] = {
 	E("cuMipmappedArrayCreate", 5000, cuMipmappedArrayCreate),
 	E("cuArrayDestroy", 2000, cuArrayDestroy), E("cuMipmappedArrayDestroy", 5000, cuMipmappedArrayDestroy),
 	E("cuMemGetInfo", 2000, cuMemGetInfo), E("cuMemGetInfo", 3020, cuMemGetInfo_v2),
+	E("cuMemGetInfo", 13020, cuMemGetInfo_v3),
 	E("cuModuleLoadData", 2000, cuModuleLoadData), E("cuModuleGetFunction", 2000, cuModuleGetFunction),
 	E("cuLaunchKernel", 4000, cuLaunchKernel), P("cuLaunchKernel", 4000, cuLaunchKernel_ptsz),
 	E("cuLaunchKernelEx", 11060, cuLaunchKernelEx), P("cuLaunchKernelEx", 11060, cuLaunchKernelEx_ptsz),

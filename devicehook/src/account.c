@@ -206,6 +206,23 @@ void gp_pool_reset(void)
 	gp.pools.n = 0;
 }
 
+static void reconcile_locked(int i, uint64_t reserved);
+
+/* A destroyed pool's handle is dead: forget it (its reserve is uncharged;
+ * blocks still live stay charged until freed), so nothing asks the driver
+ * about it again. */
+void gp_pool_forget(uint64_t pool)
+{
+	pthread_mutex_lock(&gp.pools.mu);
+	int i = pool_find(pool, -1, 0);
+	if (i >= 0) {
+		reconcile_locked(i, 0);
+		gp.pools.e[i] = gp.pools.e[gp.pools.n - 1];
+		gp.pools.n--;
+	}
+	pthread_mutex_unlock(&gp.pools.mu);
+}
+
 void gp_pool_register(uint64_t pool, int dev)
 {
 	pthread_mutex_lock(&gp.pools.mu);

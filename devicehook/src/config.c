@@ -18,13 +18,35 @@
  *     tenant take the whole GPU from its neighbours.
  *   - a malformed SM limit falls back likewise, otherwise to unthrottled:
  *     over-using SMs slows neighbours but cannot crash them.
+ *
+ * The trusted limits file GP_LIMITS_PATH (/etc/gpupack/limits), written
+ * root-owned by gpupack-node's device plugin and mounted read-only, takes
+ * precedence over all of the above. When it exists, every limit comes from
+ * it alone: the same keys, GPUPACK_SM_PERIOD_MS and CUDA_DISABLE_CONTROL in
+ * the environment are ignored (the environment is the tenant's). Format:
+ *   - one KEY=VALUE per line; a line whose first non-blank is '#' is a
+ *     comment; blank lines are allowed; no quoting; blanks (space, tab, CR)
+ *     around key and value are trimmed; no inline comments;
+ *   - keys: CUDA_DEVICE_MEMORY_LIMIT[_i], CUDA_DEVICE_SM_LIMIT[_i] (i <
+ *     GP_MAX_DEV), CUDA_DEVICE_MEMORY_SHARED_CACHE (absolute path),
+ *     GPUPACK_CONTEXT_RESERVE, LIBCUDA_LOG_LEVEL, values as in the
+ *     environment; other keys are ignored (forward compatible, debug log);
+ *   - unparsable, and so fail closed (every GPU memory allocation refused,
+ *     one ERROR line): larger than GP_LIMITS_MAX, not a regular file,
+ *     unreadable, a NUL byte, a line without '=', an empty key, a bad value
+ *     for a known key (no fallbacks here: the writer is a program), a
+ *     duplicate key.
+ * A file that does not exist (ENOENT/ENOTDIR) means the environment
+ * contract above applies (nodes not managed by gpupack, HAMi mode).
  */
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "state.h"
@@ -247,4 +269,247 @@ void gp_config_from_env(struct gp_config *c, char *const *envp)
 		c->any_mem_limit |= c->mem_limit[i] != GP_UNLIMITED;
 		c->any_sm_limit |= c->sm_limit[i] != 0;
 	}
+}
+
+/* ---- the trusted limits file ------------------------------------------- */
+
+static void config_defaults(struct gp_config *c)
+{
+	memset(c, 0, sizeof *c);
+	for (int i = 0; i < GP_MAX_DEV; i++)
+		c->mem_limit[i] = GP_UNLIMITED;
+	c->log_level = GP_LOG_WARN;
+	c->sm_period_ms = 100;
+}
+
+static void config_closed(struct gp_config *c)
+{
+	config_defaults(c);
+	for (int i = 0; i < GP_MAX_DEV; i++)
+		c->mem_limit[i] = 0;
+	c->any_mem_limit = 1;
+	c->from_file = 1;
+	c->fail_closed = 1;
+}
+
+static int is_blank(char ch)
+{
+	return ch == ' ' || ch == '\t' || ch == '\r' || ch == '\v' || ch == '\f';
+}
+
+/* "<prefix>" exactly: -2; "<prefix>_<i>" with a canonical i < GP_MAX_DEV:
+ * i; the prefix followed by anything else: -3; another key: -1. */
+static int file_key(const char *k, const char *prefix)
+{
+	size_t n = strlen(prefix);
+	if (strncmp(k, prefix, n))
+		return -1;
+	if (k[n] == '\0')
+		return -2;
+	if (k[n] != '_')
+		return -1; /* e.g. CUDA_DEVICE_MEMORY_LIMITX: another key */
+	const char *p = k + n + 1;
+	if (!isdigit((unsigned char)p[0]) || (p[0] == '0' && p[1] != '\0'))
+		return -3;
+	int i = 0;
+	for (; isdigit((unsigned char)*p); p++) {
+		i = i * 10 + (*p - '0');
+		if (i >= GP_MAX_DEV)
+			return -3;
+	}
+	return *p == '\0' ? i : -3;
+}
+
+#define FAIL(...)                                         \
+	do {                                              \
+		snprintf(err, errlen, __VA_ARGS__);       \
+		config_closed(c);                         \
+		return -1;                                \
+	} while (0)
+
+int gp_config_from_file(struct gp_config *c, const char *buf, size_t len, char *err, size_t errlen)
+{
+	config_defaults(c);
+	c->from_file = 1;
+	if (errlen)
+		err[0] = '\0';
+	if (len > GP_LIMITS_MAX)
+		FAIL("larger than %d bytes", GP_LIMITS_MAX);
+	if (memchr(buf, '\0', len) != NULL)
+		FAIL("contains a NUL byte");
+	enum { S_MEM = 1, S_SM = 2, S_CACHE = 4, S_RESERVE = 8, S_LOG = 16 };
+	unsigned seen = 0, mem_seen = 0, sm_seen = 0;
+	uint64_t mem_generic = GP_UNLIMITED, mem_dev[GP_MAX_DEV] = {0};
+	int sm_generic = 0, sm_dev[GP_MAX_DEV] = {0};
+	int unknown = 0, line = 0;
+	char first_unknown[128] = "";
+	char key[128], val[1024];
+	const char *p = buf, *end = buf + len;
+	while (p < end) {
+		line++;
+		const char *eol = memchr(p, '\n', (size_t)(end - p));
+		if (eol == NULL)
+			eol = end;
+		const char *a = p, *b = eol;
+		p = eol < end ? eol + 1 : end;
+		while (a < b && is_blank(*a))
+			a++;
+		while (b > a && is_blank(b[-1]))
+			b--;
+		if (a == b || *a == '#')
+			continue;
+		const char *eq = memchr(a, '=', (size_t)(b - a));
+		if (eq == NULL)
+			FAIL("line %d has no '='", line);
+		const char *ke = eq, *vs = eq + 1;
+		while (ke > a && is_blank(ke[-1]))
+			ke--;
+		while (vs < b && is_blank(*vs))
+			vs++;
+		size_t kl = (size_t)(ke - a), vl = (size_t)(b - vs);
+		if (kl == 0)
+			FAIL("line %d has an empty key", line);
+		if (kl >= sizeof key) {
+			/* Too long to be a known key: an unknown one. */
+			if (unknown++ == 0)
+				snprintf(first_unknown, sizeof first_unknown, "(a key of %zu bytes)", kl);
+			continue;
+		}
+		memcpy(key, a, kl);
+		key[kl] = '\0';
+		int known = file_key(key, "CUDA_DEVICE_MEMORY_LIMIT") != -1 || file_key(key, "CUDA_DEVICE_SM_LIMIT") != -1 ||
+			    !strcmp(key, "CUDA_DEVICE_MEMORY_SHARED_CACHE") || !strcmp(key, "GPUPACK_CONTEXT_RESERVE") ||
+			    !strcmp(key, "LIBCUDA_LOG_LEVEL");
+		if (!known) {
+			if (unknown++ == 0)
+				snprintf(first_unknown, sizeof first_unknown, "%s", key);
+			continue;
+		}
+		if (vl >= sizeof val)
+			FAIL("line %d: the value of %.64s is longer than %zu bytes", line, key, sizeof val - 1);
+		memcpy(val, vs, vl);
+		val[vl] = '\0';
+		int i;
+		if ((i = file_key(key, "CUDA_DEVICE_MEMORY_LIMIT")) != -1) {
+			uint64_t v;
+			if (i == -3)
+				FAIL("line %d: %.64s is not a device index below %d", line, key, GP_MAX_DEV);
+			if (gp_parse_size(val, &v) != 0)
+				FAIL("line %d: %.64s=%.32s is not a size", line, key, val);
+			unsigned bit = i == -2 ? 1u << GP_MAX_DEV : 1u << i;
+			if (mem_seen & bit)
+				FAIL("line %d: %.64s is given twice", line, key);
+			mem_seen |= bit;
+			if (i == -2)
+				mem_generic = v == 0 ? GP_UNLIMITED : v;
+			else
+				mem_dev[i] = v == 0 ? GP_UNLIMITED : v;
+		} else if ((i = file_key(key, "CUDA_DEVICE_SM_LIMIT")) != -1) {
+			int v;
+			if (i == -3)
+				FAIL("line %d: %.64s is not a device index below %d", line, key, GP_MAX_DEV);
+			if (gp_parse_percent(val, &v) != 0)
+				FAIL("line %d: %.64s=%.32s is not a percentage 0..100", line, key, val);
+			unsigned bit = i == -2 ? 1u << GP_MAX_DEV : 1u << i;
+			if (sm_seen & bit)
+				FAIL("line %d: %.64s is given twice", line, key);
+			sm_seen |= bit;
+			if (i == -2)
+				sm_generic = v;
+			else
+				sm_dev[i] = v;
+		} else {
+			unsigned bit = 0;
+			if (!strcmp(key, "CUDA_DEVICE_MEMORY_SHARED_CACHE")) {
+				bit = S_CACHE;
+				if (val[0] != '/')
+					FAIL("line %d: CUDA_DEVICE_MEMORY_SHARED_CACHE=%.64s is not an absolute path", line, val);
+				strcpy(c->shared_cache, val);
+			} else if (!strcmp(key, "GPUPACK_CONTEXT_RESERVE")) {
+				bit = S_RESERVE;
+				if (gp_parse_size(val, &c->ctx_reserve) != 0)
+					FAIL("line %d: GPUPACK_CONTEXT_RESERVE=%.32s is not a size", line, val);
+			} else if (!strcmp(key, "LIBCUDA_LOG_LEVEL")) {
+				bit = S_LOG;
+				int l;
+				if (gp_parse_percent(val, &l) != 0 || l > 4)
+					FAIL("line %d: LIBCUDA_LOG_LEVEL=%.32s is not 0..4", line, val);
+				c->log_level = l;
+			}
+			if (seen & bit)
+				FAIL("line %d: %.64s is given twice", line, key);
+			seen |= bit;
+		}
+	}
+	for (int d = 0; d < GP_MAX_DEV; d++) {
+		c->mem_limit[d] = (mem_seen & (1u << d)) ? mem_dev[d] : mem_generic;
+		c->sm_limit[d] = (sm_seen & (1u << d)) ? sm_dev[d] : sm_generic;
+		if (c->sm_limit[d] >= 100)
+			c->sm_limit[d] = 0;
+		c->any_mem_limit |= c->mem_limit[d] != GP_UNLIMITED;
+		c->any_sm_limit |= c->sm_limit[d] != 0;
+	}
+	if (unknown && errlen)
+		snprintf(err, errlen, "ignored %d unknown key(s), the first %.64s", unknown, first_unknown);
+	return 0;
+}
+#undef FAIL
+
+void gp_config_load(struct gp_config *c, char *const *envp, const char *path)
+{
+	char err[256];
+	/* O_NONBLOCK: a FIFO planted at the path must not hang every CUDA
+	 * process; it is refused below as not a regular file. */
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+	if (fd < 0 && (errno == ENOENT || errno == ENOTDIR)) {
+		gp_config_from_env(c, envp);
+		return;
+	}
+	const char *why = NULL;
+	char *buf = NULL;
+	size_t len = 0;
+	struct stat st;
+	if (fd < 0)
+		snprintf(err, sizeof err, "cannot be opened: %s", strerror(errno)), why = err;
+	else if (fstat(fd, &st) != 0)
+		snprintf(err, sizeof err, "cannot be read: %s", strerror(errno)), why = err;
+	else if (!S_ISREG(st.st_mode))
+		why = "is not a regular file";
+	else if (st.st_size > GP_LIMITS_MAX)
+		snprintf(err, sizeof err, "is larger than %d bytes", GP_LIMITS_MAX), why = err;
+	else if ((buf = malloc(GP_LIMITS_MAX + 1)) == NULL)
+		why = "cannot be read: out of memory";
+	else {
+		/* Read one byte past the limit: the size may have changed since fstat. */
+		while (len <= GP_LIMITS_MAX) {
+			ssize_t n = read(fd, buf + len, GP_LIMITS_MAX + 1 - len);
+			if (n < 0 && errno == EINTR)
+				continue;
+			if (n < 0) {
+				snprintf(err, sizeof err, "cannot be read: %s", strerror(errno));
+				why = err;
+				break;
+			}
+			if (n == 0)
+				break;
+			len += (size_t)n;
+		}
+	}
+	if (fd >= 0)
+		close(fd);
+	int unparsable = 0;
+	if (why == NULL && gp_config_from_file(c, buf, len, err, sizeof err) != 0)
+		why = err, unparsable = 1;
+	free(buf);
+	if (why != NULL) {
+		config_closed(c);
+		log_level = c->log_level;
+		gp_log(GP_LOG_ERROR, "limits file %s %s%s%s; every GPU memory allocation is refused", path,
+		       unparsable ? "is unparsable (" : "", why, unparsable ? ")" : "");
+		return;
+	}
+	log_level = c->log_level;
+	if (err[0])
+		gp_log(GP_LOG_DEBUG, "limits file %s: %s", path, err);
+	gp_log(GP_LOG_INFO, "limits from %s; the environment's limits and CUDA_DISABLE_CONTROL are ignored", path);
 }

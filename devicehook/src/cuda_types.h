@@ -141,6 +141,9 @@ typedef struct {
 	unsigned int numAttrs;
 } CUlaunchConfig;
 
+typedef enum { CU_LIMIT_STACK_SIZE = 0x00, CU_LIMIT_PRINTF_FIFO_SIZE = 0x01, CU_LIMIT_MALLOC_HEAP_SIZE = 0x02 } CUlimit;
+enum { CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR = 39 };
+
 /* NVML. */
 typedef int nvmlReturn_t;
 typedef struct nvmlDevice_st *nvmlDevice_t;
@@ -170,5 +173,11 @@ typedef struct {
 	unsigned int gpu;
 	unsigned int memory;
 } nvmlUtilization_t;
+typedef struct { /* nvmlProcessInfo_v2_t, as _v3 of the running-process queries fills it */
+	unsigned int pid; /* as the host (the driver's pid namespace) numbers it */
+	unsigned long long usedGpuMemory;
+	unsigned int gpuInstanceId;
+	unsigned int computeInstanceId;
+} nvmlProcessInfo_t;
 
 #endif

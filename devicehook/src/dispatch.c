@@ -28,6 +28,7 @@
 struct gp_state gp = {
 	.once = PTHREAD_ONCE_INIT,
 	.nvml_once = PTHREAD_ONCE_INIT,
+	.nvml_sym_once = PTHREAD_ONCE_INIT,
 	.primary_mu = PTHREAD_MUTEX_INITIALIZER,
 	.pools = {.mu = PTHREAD_MUTEX_INITIALIZER},
 	.vmm = {.mu = PTHREAD_MUTEX_INITIALIZER},
@@ -116,15 +117,23 @@ extern char **environ;
 
 __attribute__((no_sanitize("address", "undefined"))) static void resolve_real_dlsym(void)
 {
+	/* glibc >= 2.34 moved dlsym into libc (GLIBC_2.34); before, its only
+	 * version is the architecture's base one: GLIBC_2.2.5 on x86_64,
+	 * GLIBC_2.17 on aarch64 (without it the hook called a NULL dlsym
+	 * there and segfaulted). */
 	void *f = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
 	if (f == NULL)
 		f = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+	if (f == NULL)
+		f = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.17");
+	if (f == NULL)
+		gp_log(GP_LOG_ERROR, "cannot find glibc's dlsym (no known symbol version); dlsym look-ups will fail");
 	gp.real_dlsym = (void *(*)(void *, const char *))f;
 }
 
 static void nvml_load(void)
 {
-	gp.libnvml = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+	gp.libnvml = gp.real_dlsym ? dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL) : NULL;
 	if (gp.libnvml == NULL)
 		return;
 	gp.nvml_index = (gp_fn_nvml_index)gp.real_dlsym(gp.libnvml, "nvmlDeviceGetIndex");
@@ -150,9 +159,17 @@ static void atfork_child(void)
 	gp_table_clear(&gp.table);
 	gp_pool_reset();
 	gp_vmm_reset();
-	for (int d = 0; d < GP_MAX_DEV; d++)
+	for (int d = 0; d < GP_MAX_DEV; d++) {
 		atomic_store(&gp.primary_refs[d], 0);
+		atomic_store(&gp.ctx_live[d], 0);
+		atomic_store(&gp.ctx_ever[d], 0);
+		gp.primary_charge[d] = 0;
+	}
 	atomic_store(&gp.limiter_started, 0);
+	atomic_store(&gp.host_pid, 0); /* the child is another process to NVML */
+	atomic_store(&gp.host_pid_tried, 0);
+	atomic_store(&gp.host_ncands, 0);
+	atomic_store(&gp.host_probes, 0);
 	/* Locks another thread held at fork() stay locked in the child. */
 	for (int d = 0; d < GP_MAX_DEV; d++)
 		pthread_mutex_init(&gp.lim[d].mu, NULL);
@@ -170,8 +187,10 @@ static void init_once(void)
 {
 	if (gp.real_dlsym == NULL)
 		resolve_real_dlsym();
-	gp_config_from_env(&gp.cfg, environ);
-	gp.libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+	gp_config_load(&gp.cfg, environ, GP_LIMITS_PATH);
+	/* Without glibc's dlsym nothing of the driver can be found: every
+	 * wrapped call then answers CUDA_ERROR_NOT_FOUND (fail closed). */
+	gp.libcuda = gp.real_dlsym ? dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL) : NULL;
 	if (gp.libcuda == NULL)
 		gp_log(GP_LOG_WARN, "libcuda.so.1 not found: %s", dlerror());
 	else {
@@ -180,15 +199,21 @@ static void init_once(void)
 		gp.pool_get_attr = (gp_fn_pool_attr)gp.real_dlsym(gp.libcuda, "cuMemPoolGetAttribute");
 		gp.dev_get_mempool = (gp_fn_dev_pool)gp.real_dlsym(gp.libcuda, "cuDeviceGetMemPool");
 		gp.pool_trim = (gp_fn_pool_trim)gp.real_dlsym(gp.libcuda, "cuMemPoolTrimTo");
+		gp.mem_alloc = (CUresult(*)(CUdeviceptr *, size_t))gp.real_dlsym(gp.libcuda, "cuMemAlloc_v2");
+		gp.mem_free = (CUresult(*)(CUdeviceptr))gp.real_dlsym(gp.libcuda, "cuMemFree_v2");
+		gp.ctx_get_limit = (CUresult(*)(size_t *, CUlimit))gp.real_dlsym(gp.libcuda, "cuCtxGetLimit");
+		gp.dev_get_attr = (CUresult(*)(int *, int, CUdevice))gp.real_dlsym(gp.libcuda, "cuDeviceGetAttribute");
 	}
 	if (gp_table_init(&gp.table, 17) != 0)
 		gp_log(GP_LOG_ERROR, "cannot map the allocation table");
-	if (gp_region_open(&gp.region, gp.cfg.shared_cache) != 0 || gp_region_attach(&gp.region) != 0) {
-		gp_log(GP_LOG_ERROR, "no accounting region: memory limits refuse every allocation");
+	int ro = gp_region_open(&gp.region, gp.cfg.shared_cache);
+	if (ro == -1 || (ro == 0 && gp_region_attach(&gp.region) != 0))
+		gp_log(GP_LOG_ERROR, "no accounting region: every GPU memory allocation is refused");
+	if (ro != 0 || gp.region.slot < 0)
+		/* Fail closed (region_open logged why, once). */
 		for (int d = 0; d < GP_MAX_DEV; d++)
 			if (gp.cfg.mem_limit[d] != GP_UNLIMITED)
 				gp.cfg.mem_limit[d] = 0;
-	}
 	gp_limiter_setup();
 	pthread_atfork(NULL, NULL, atfork_child);
 	atomic_store(&gp.ready, 1);
@@ -281,8 +306,8 @@ static CUresult charge(int dev, uint64_t size)
 		if (had_) {                                                   \
 			if (rc_ != CUDA_SUCCESS)                              \
 				gp_table_put(&gp.table, (key), (kind), dev_, size_, pool_, ctx_); \
-			else if (pool_)                                       \
-				gp_pool_freed(pool_, dev_, size_, pool_reserved(pool_)); \
+			else if (pool_) /* a destroyed pool's handle is dead */ \
+				gp_pool_freed(pool_, dev_, size_, gp_pool_dev(pool_) >= 0 ? pool_reserved(pool_) : GP_RESERVED_UNKNOWN); \
 			else                                                  \
 				gp_uncharge(dev_, size_);                     \
 		}                                                             \
@@ -291,6 +316,14 @@ static CUresult charge(int dev, uint64_t size)
 
 static void virtualize(int dev, uint64_t *freep, uint64_t *totalp)
 {
+	/* Dead processes' charges are not memory anyone holds: reclaim them
+	 * before reporting (before, free read 0 until someone was refused). */
+	if (gp.region.shared)
+		gp_region_reclaim_dead(&gp.region);
+	/* Pools give memory back at synchronisation (release threshold): ask
+	 * the driver what they still hold before reporting it as used. */
+	if (gp_pool_list(dev, NULL, 0) > 0)
+		refresh_pools(dev);
 	uint64_t t = gp.cfg.mem_limit[dev] < *totalp ? gp.cfg.mem_limit[dev] : *totalp;
 	uint64_t used = gp_used(dev);
 	uint64_t f = used >= t ? 0 : t - used;
@@ -568,8 +601,13 @@ static int h_cuMipmappedArrayCreate(fn_cuMipmappedArrayCreate real, CUmipmappedA
 static int h_cuMemPoolCreate(fn_cuMemPoolCreate real, CUmemoryPool *pool, const CUmemPoolProps *props)
 {
 	CUresult rc = real(pool, props);
-	if (rc == CUDA_SUCCESS && mem_on() && props && props->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
-		gp_pool_register((uint64_t)(uintptr_t)*pool, props->location.id);
+	/* A host-located pool holds host memory: registered under a device
+	 * index no limit has (GP_MAX_DEV), so its allocations are never
+	 * charged to the current device (which is what happened to a pool the
+	 * hook did not know). */
+	if (rc == CUDA_SUCCESS && mem_on() && props)
+		gp_pool_register((uint64_t)(uintptr_t)*pool,
+				 props->location.type == CU_MEM_LOCATION_TYPE_DEVICE ? props->location.id : GP_MAX_DEV);
 	return rc;
 }
 
@@ -629,75 +667,212 @@ static int h_cuMipmappedArrayDestroy(fn_cuMipmappedArrayDestroy real, CUmipmappe
 static int h_cuMemPoolDestroy(fn_cuMemPoolDestroy real, CUmemoryPool pool)
 {
 	CUresult rc = real(pool);
-	int dev;
-	/* The pool's reserve goes with it; live blocks stay charged until freed. */
-	if (rc == CUDA_SUCCESS && mem_on() && (dev = gp_pool_dev((uint64_t)(uintptr_t)pool)) >= 0)
-		gp_pool_reconcile((uint64_t)(uintptr_t)pool, dev, 0);
+	/* The pool's reserve goes with it, and its handle is dead from now on;
+	 * live blocks stay charged until freed. */
+	if (rc == CUDA_SUCCESS && mem_on())
+		gp_pool_forget((uint64_t)(uintptr_t)pool);
 	return rc;
 }
 
-/* ---- contexts: the per-context reserve --------------------------------- */
+/* ---- contexts: what a context costs ------------------------------------- */
 
-static CUresult ctx_charge(int dev)
+/* A context costs device memory (300-600 MiB on an H100). It is charged
+ * per context: GPUPACK_CONTEXT_RESERVE (the device plugin writes a
+ * per-model default into the limits file) before the driver is asked, so
+ * an over-limit context is refused without reaching it; then settled on
+ * what the context really took where the driver lets us measure it: this
+ * process's usedGpuMemory in NVML before and after the creation (the host
+ * pid is resolved around it, limiter.c). The measurement includes anything
+ * another thread of this process allocated in that instant (charged
+ * twice, which can only refuse early). */
+struct ctx_meas {
+	int ok;
+	uint64_t before;
+};
+
+static void ctx_measure_begin(int dev, struct ctx_meas *m)
 {
-	return (mem_on() && gp.cfg.ctx_reserve) ? gp_charge(dev, gp.cfg.ctx_reserve) : CUDA_SUCCESS;
+	m->ok = 0;
+	if (!mem_on() || !gp_mem_limited(dev))
+		return;
+	/* "Not listed" means "holds nothing" only before our first context on
+	 * dev; after one was destroyed, trust only a listed figure. */
+	int never = !atomic_load(&gp.ctx_ever[dev]);
+	if (gp_proc_mem(dev, &m->before) == 0 && (m->before > 0 || never))
+		m->ok = 1;
+	else if (atomic_load(&gp.host_pid) == 0 && never) {
+		m->before = 0; /* no context of ours on dev yet: NVML cannot list us */
+		m->ok = 1;
+	}
 }
 
-static CUresult ctx_settle(CUresult rc, CUcontext *ctx, int dev)
+/* The bytes to charge for a context just created: measured, else the reserve. */
+static uint64_t ctx_measure_end(int dev, struct ctx_meas *m)
 {
-	if (!mem_on() || !gp.cfg.ctx_reserve)
-		return rc;
-	return settle(rc, rc == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*ctx : 0, GP_K_CTX, dev, gp.cfg.ctx_reserve);
+	uint64_t after;
+	atomic_store(&gp.ctx_ever[dev], 1);
+	/* The device plugin's per-model reserve is the floor: a context grows
+	 * after creation (modules, lazy loading), which no delta sees. */
+	if (m->ok && gp_proc_mem(dev, &after) == 0 && after >= m->before && after - m->before > gp.cfg.ctx_reserve)
+		return after - m->before;
+	return gp.cfg.ctx_reserve;
 }
+
+/* A context creation through the driver, with this process's host pid
+ * resolved around it (limiter.c). */
+#define CREATE_CTX(dev, call)                                           \
+	({                                                              \
+		struct gp_pidsnap snap_;                                \
+		gp_hostpid_before((dev), &snap_);                       \
+		CUresult crc_ = (call);                                 \
+		gp_hostpid_after((dev), &snap_, crc_ == CUDA_SUCCESS);  \
+		crc_;                                                   \
+	})
+
+/* Moves a charge of `from` bytes to `to` bytes for memory the driver holds. */
+static void recharge(int dev, uint64_t from, uint64_t to)
+{
+	if (to > from)
+		gp_charge_force(dev, to - from);
+	else if (from > to)
+		gp_uncharge(dev, from - to);
+}
+
+#define CTX_CREATE(call)                                                                      \
+	do {                                                                                  \
+		int lim_ = mem_on() && gp_mem_limited(dev);                                   \
+		if (lim_ && gp.cfg.ctx_reserve && gp_charge(dev, gp.cfg.ctx_reserve) != CUDA_SUCCESS) \
+			return CUDA_ERROR_OUT_OF_MEMORY;                                      \
+		struct ctx_meas m_;                                                           \
+		ctx_measure_begin(dev, &m_);                                                  \
+		CUresult rc_ = CREATE_CTX(dev, call);                                         \
+		if (rc_ == CUDA_SUCCESS && dev >= 0 && dev < GP_MAX_DEV)                      \
+			atomic_fetch_add(&gp.ctx_live[dev], 1);                               \
+		if (!lim_)                                                                    \
+			return rc_;                                                           \
+		if (rc_ != CUDA_SUCCESS) {                                                    \
+			gp_uncharge(dev, gp.cfg.ctx_reserve);                                 \
+			return rc_;                                                           \
+		}                                                                             \
+		uint64_t cost_ = ctx_measure_end(dev, &m_);                                   \
+		recharge(dev, gp.cfg.ctx_reserve, cost_);                                     \
+		if (cost_)                                                                    \
+			gp_track((uint64_t)(uintptr_t)*ctx, GP_K_CTX, dev, cost_, 0);         \
+		return rc_;                                                                   \
+	} while (0)
 
 static int h_cuCtxCreate_v2(fn_cuCtxCreate_v2 real, CUcontext *ctx, unsigned int flags, CUdevice dev)
 {
-	CUresult rc = ctx_charge(dev);
-	return rc ? rc : ctx_settle(real(ctx, flags, dev), ctx, dev);
+	CTX_CREATE(real(ctx, flags, dev));
 }
 static int h_cuCtxCreate_v3(fn_cuCtxCreate_v3 real, CUcontext *ctx, void *params, int n, unsigned int flags, CUdevice dev)
 {
-	CUresult rc = ctx_charge(dev);
-	return rc ? rc : ctx_settle(real(ctx, params, n, flags, dev), ctx, dev);
+	CTX_CREATE(real(ctx, params, n, flags, dev));
 }
 static int h_cuCtxCreate_v4(fn_cuCtxCreate_v4 real, CUcontext *ctx, void *params, unsigned int flags, CUdevice dev)
 {
-	CUresult rc = ctx_charge(dev);
-	return rc ? rc : ctx_settle(real(ctx, params, flags, dev), ctx, dev);
+	CTX_CREATE(real(ctx, params, flags, dev));
 }
 static int h_cuCtxDestroy_v2(fn_cuCtxDestroy_v2 real, CUcontext ctx)
 {
+	int dev = -1;
+	uint64_t sz;
+	gp_table_get(&gp.table, (uint64_t)(uintptr_t)ctx, GP_K_CTX, &dev, &sz);
 	CUresult rc = real(ctx);
+	if (rc == CUDA_SUCCESS && dev >= 0 && dev < GP_MAX_DEV && atomic_load(&gp.ctx_live[dev]) > 0)
+		atomic_fetch_sub(&gp.ctx_live[dev], 1);
 	if (rc == CUDA_SUCCESS && mem_on()) {
-		gp_untrack((uint64_t)(uintptr_t)ctx, GP_K_CTX); /* its reserve */
+		gp_untrack((uint64_t)(uintptr_t)ctx, GP_K_CTX); /* its charge */
 		gp_untrack_ctx((uint64_t)(uintptr_t)ctx);      /* blocks it freed with it */
 	}
 	return rc;
 }
 
+/* cuCtxSetLimit: the driver reserves device memory for the stack of every
+ * resident thread (stack size x SMs x threads per SM: ~17 GiB at 64 KiB on
+ * an H100), the device malloc heap and the printf FIFO. Growth past the
+ * value the context had is charged (refused when over the limit, before
+ * the driver is asked); shrinking gives it back. Charged to the current
+ * context as a block of kind GP_K_CTX keyed by context + 1 + limit, so
+ * destroying the context uncharges it. */
+static uint64_t limit_bytes(int dev, CUlimit limit, uint64_t v)
+{
+	if (limit != CU_LIMIT_STACK_SIZE)
+		return v;
+	int sms = 0, threads = 0;
+	if (!gp.dev_get_attr || gp.dev_get_attr(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev) != CUDA_SUCCESS ||
+	    gp.dev_get_attr(&threads, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, dev) != CUDA_SUCCESS)
+		return v * 2048 * 132; /* unknown: an H100's worth, the safe side */
+	return v * (uint64_t)sms * (uint64_t)threads;
+}
+
+static int h_cuCtxSetLimit(fn_cuCtxSetLimit real, CUlimit limit, size_t value)
+{
+	int dev;
+	size_t old = 0;
+	CUcontext c = NULL;
+	if (!mem_on() || (limit != CU_LIMIT_STACK_SIZE && limit != CU_LIMIT_MALLOC_HEAP_SIZE &&
+			  limit != CU_LIMIT_PRINTF_FIFO_SIZE) ||
+	    !gp_mem_limited(dev = cur_dev()) || !gp.ctx_get_limit || gp.ctx_get_limit(&old, limit) != CUDA_SUCCESS ||
+	    !gp.ctx_get_current || gp.ctx_get_current(&c) != CUDA_SUCCESS || c == NULL)
+		return real(limit, value);
+	uint64_t key = (uint64_t)(uintptr_t)c + 1 + (uint64_t)limit;
+	int d;
+	uint64_t charged = 0, pool, cx;
+	/* What this limit is charged now (growth already past the context's
+	 * own value), and what the new value would add. */
+	if (!gp_table_take(&gp.table, key, GP_K_CTX, &d, &charged, &pool, &cx))
+		charged = 0;
+	uint64_t o = limit_bytes(dev, limit, old), n = limit_bytes(dev, limit, value);
+	uint64_t base = o >= charged ? o - charged : 0; /* the context's own, in its measured cost */
+	uint64_t want = n > base ? n - base : 0;
+	if (want > charged && gp_charge(dev, want - charged) != CUDA_SUCCESS) {
+		if (charged)
+			gp_table_put(&gp.table, key, GP_K_CTX, dev, charged, 0, (uint64_t)(uintptr_t)c);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	CUresult rc = real(limit, value);
+	if (rc != CUDA_SUCCESS) {
+		if (want > charged)
+			gp_uncharge(dev, want - charged);
+		want = charged;
+	} else if (want < charged)
+		gp_uncharge(dev, charged - want);
+	if (want)
+		gp_table_put(&gp.table, key, GP_K_CTX, dev, want, 0, (uint64_t)(uintptr_t)c);
+	return rc;
+}
 
 static int h_cuDevicePrimaryCtxRetain(fn_cuDevicePrimaryCtxRetain real, CUcontext *ctx, CUdevice dev)
 {
-	if (!mem_on() || !gp_mem_limited(dev))
-		return real(ctx, dev);
-	if (!gp.cfg.ctx_reserve) {
-		CUresult rc = real(ctx, dev);
-		if (rc == CUDA_SUCCESS)
-			atomic_store(&gp.primary_ctx[dev], (uint64_t)(uintptr_t)*ctx);
+	if (!mem_on() || !gp_mem_limited(dev)) {
+		CUresult rc = CREATE_CTX(dev, real(ctx, dev));
+		if (rc == CUDA_SUCCESS && dev >= 0 && dev < GP_MAX_DEV && atomic_fetch_add(&gp.primary_refs[dev], 1) == 0)
+			atomic_fetch_add(&gp.ctx_live[dev], 1);
 		return rc;
 	}
+	/* The primary context exists once per device and process: charged at
+	 * the first retain, released at the last release. */
 	pthread_mutex_lock(&gp.primary_mu);
 	CUresult rc = CUDA_SUCCESS;
 	int first = atomic_load(&gp.primary_refs[dev]) == 0;
-	if (first)
+	struct ctx_meas m;
+	if (first && gp.cfg.ctx_reserve)
 		rc = gp_charge(dev, gp.cfg.ctx_reserve);
 	if (rc == CUDA_SUCCESS) {
-		rc = real(ctx, dev);
+		if (first)
+			ctx_measure_begin(dev, &m);
+		rc = CREATE_CTX(dev, real(ctx, dev));
 		if (rc == CUDA_SUCCESS) {
 			atomic_fetch_add(&gp.primary_refs[dev], 1);
 			atomic_store(&gp.primary_ctx[dev], (uint64_t)(uintptr_t)*ctx);
-		}
-		else if (first)
+			if (first) {
+				atomic_fetch_add(&gp.ctx_live[dev], 1);
+				uint64_t cost = ctx_measure_end(dev, &m);
+				recharge(dev, gp.cfg.ctx_reserve, cost);
+				gp.primary_charge[dev] = cost;
+			}
+		} else if (first)
 			gp_uncharge(dev, gp.cfg.ctx_reserve);
 	}
 	pthread_mutex_unlock(&gp.primary_mu);
@@ -707,11 +882,16 @@ static int h_cuDevicePrimaryCtxRetain(fn_cuDevicePrimaryCtxRetain real, CUcontex
 static int h_cuDevicePrimaryCtxRelease_v2(fn_cuDevicePrimaryCtxRelease_v2 real, CUdevice dev)
 {
 	CUresult rc = real(dev);
-	if (rc != CUDA_SUCCESS || !mem_on() || !gp.cfg.ctx_reserve || !gp_mem_limited(dev))
+	if (rc != CUDA_SUCCESS || dev < 0 || dev >= GP_MAX_DEV)
 		return rc;
 	pthread_mutex_lock(&gp.primary_mu);
-	if (atomic_load(&gp.primary_refs[dev]) > 0 && atomic_fetch_sub(&gp.primary_refs[dev], 1) == 1)
-		gp_uncharge(dev, gp.cfg.ctx_reserve);
+	if (atomic_load(&gp.primary_refs[dev]) > 0 && atomic_fetch_sub(&gp.primary_refs[dev], 1) == 1) {
+		if (atomic_load(&gp.ctx_live[dev]) > 0)
+			atomic_fetch_sub(&gp.ctx_live[dev], 1);
+		if (mem_on() && gp_mem_limited(dev))
+			gp_uncharge(dev, gp.primary_charge[dev]);
+		gp.primary_charge[dev] = 0;
+	}
 	pthread_mutex_unlock(&gp.primary_mu);
 	return rc;
 }
@@ -853,6 +1033,8 @@ static int h_cuGraphLaunch(fn_cuGraphLaunch real, CUgraphExec g, CUstream s)
 
 /* ---- cuGetProcAddress ---------------------------------------------------- */
 
+static struct gp_hook *by_symbol(const char *name);
+
 static struct gp_hook *gpa_entry(const char *symbol, int ver)
 {
 	struct gp_hook *best = NULL;
@@ -880,6 +1062,40 @@ static void *gpa_instance(struct gp_hook *h, void *realfn)
 	return h->inst_wrapper[0];
 }
 
+/* The ABI of the pointer the driver returned, checked against the
+ * driver's own exports rather than assumed from our table: the entry of
+ * `symbol` whose exported function (or its _ptsz twin) is that pointer.
+ * If none is, but the driver exports a newer version of the name (say
+ * cuMemGetInfo_v3) at that very address, the ABI is one we do not know:
+ * NULL, and the caller keeps the driver's pointer (wrapping it with an
+ * older ABI would corrupt the call; the NVML watcher enforces instead).
+ * If nothing matches (a driver whose table points elsewhere), the
+ * version-based guess stands. */
+static struct gp_hook *gpa_abi(struct gp_hook *guess, const char *symbol, void *fn)
+{
+	char name[128];
+	for (int i = 0; i < IDX_COUNT; i++) {
+		struct gp_hook *e = &hooks[i];
+		if (e->gpa_name == NULL || strcmp(e->gpa_name, symbol))
+			continue;
+		if (real_of(i) == fn)
+			return e;
+		void *lib = e->lib == LIB_CUDA ? gp.libcuda : gp.libnvml;
+		snprintf(name, sizeof name, "%s_ptsz", e->sym);
+		if (lib && gp.real_dlsym(lib, name) == fn)
+			return e;
+	}
+	for (int v = 2; v <= 9 && gp.libcuda; v++) {
+		snprintf(name, sizeof name, "%s_v%d", symbol, v);
+		if (by_symbol(name) != NULL || gp.real_dlsym(gp.libcuda, name) != fn)
+			continue;
+		gp_log(GP_LOG_ERROR, "cuGetProcAddress(%s) returned %s, an ABI this hook does not know: "
+		       "passed through unlimited", symbol, name);
+		return NULL;
+	}
+	return guess;
+}
+
 static CUresult gpa_wrap(CUresult rc, const char *symbol, void **pfn, int ver)
 {
 	if (rc != CUDA_SUCCESS || pfn == NULL || *pfn == NULL || symbol == NULL || gp.cfg.disabled)
@@ -894,6 +1110,8 @@ static CUresult gpa_wrap(CUresult rc, const char *symbol, void **pfn, int ver)
 		*pfn = h->wrapper; /* our own resolver, so later look-ups stay covered */
 		return rc;
 	}
+	if ((h = gpa_abi(h, symbol, *pfn)) == NULL)
+		return rc; /* an ABI we do not know: the driver's pointer, untouched */
 	*pfn = gpa_instance(h, *pfn);
 	return rc;
 }
@@ -933,6 +1151,8 @@ GP_NO_SAN __attribute__((visibility("default"))) void *dlsym(void *handle, const
 {
 	if (gp.real_dlsym == NULL)
 		resolve_real_dlsym();
+	if (gp.real_dlsym == NULL)
+		return NULL; /* no glibc dlsym found (logged): fail the look-up, never crash */
 	/* RTLD_NEXT is relative to the caller: a tail call keeps the caller's
 	 * return address, which is how glibc finds it. Names that are not
 	 * ours take the same road. */

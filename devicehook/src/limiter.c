@@ -2,12 +2,35 @@
  * SM limiter for CUDA_DEVICE_SM_LIMIT[_i].
  *
  * Launches are admitted by a token bucket per device whose unit is the
- * launch's grid size (blocks; a graph launch counts as GRAPH_COST). The
- * bucket's refill rate is not known in advance (it depends on the
- * kernels), so a control thread closes the loop every period: it reads the
- * container's SM utilisation from NVML (the processes in the shared region,
- * or this process) and scales the rate by target/utilisation, damped. Until
- * the first over-target sample the bucket is unbounded.
+ * launch's grid size (blocks; a graph launch counts as GRAPH_COST). What a
+ * unit costs in SM time depends on the kernels, so a control thread learns
+ * it from NVML and sets the rate that gives the target.
+ *
+ * What NVML really gives (and the fake NVML models, fakenvml.c):
+ *  - per-process samples on the driver's cadence (1/6 s to 1 s), each
+ *    stamped with the CPU time of its window's end; between two samples,
+ *    and on an idle device, NVML_ERROR_NOT_FOUND. Neither says "0 % busy":
+ *    both are "no new information", and the rate is held.
+ *  - host pids: a container's getpid() never matches. Each process finds
+ *    its host pid when it creates a context (the NVML process list before
+ *    and after; exactly one new pid = ours, as HAMi-core does) and records
+ *    it in its shared-region slot, so every process of the container sums
+ *    the same pids. Utilisation of any other pid is never charged to us.
+ *    Fallback when unresolved (two processes created contexts at the same
+ *    instant, or NVML has no process list): a sample that lists a single
+ *    process while we launched is ours (we are alone); otherwise no
+ *    information, rate held, one warning.
+ *
+ * Control: the tick records (time, cumulative cost admitted). On each new
+ * sample the window is [stamp - cadence, stamp], the cadence being the
+ * smallest gap between sample stamps seen (paced to what the driver
+ * really does). From our utilisation u in that window and the cost c we
+ * admitted in it, k = u / (c/window) (percent per cost unit per second,
+ * smoothed) and rate = target / k. The bucket is unbounded until the
+ * first calibration, so a lone container sees its cap from the first
+ * sample on and keeps it (the rate is not raised just because the device
+ * is idle). Floor: the rate never goes below a quarter of the first
+ * calibrated rate, so a bad sample cannot starve the container.
  *
  * The fast path (no device throttled) is one relaxed load in dispatch.c;
  * this file runs only for throttled devices.
@@ -25,109 +48,279 @@
 #define MAX_SAMPLES 256
 #define MAX_PIDS 256
 
-double gp_limiter_next_rate(double rate, double target, double util, double observed, int waited)
+static unsigned long long realtime_us(void)
 {
-	if (util < 0)
-		return rate; /* no sample this period */
-	if (rate <= 0) {
-		/* Uncalibrated: the first time we see too much use, start from the
-		 * rate that produced it, scaled to the target. */
-		if (util > target && observed > 0)
-			return observed * target / util;
-		return 0;
-	}
-	double f = 1.0;
-	if (util > target)
-		f = target / util;
-	else if (waited && util < target)
-		f = target / (util < 1 ? 1 : util);
-	/* Damping: move half way (in log space) to the ideal correction. */
-	f = sqrt(f);
-	if (f < 0.5)
-		f = 0.5;
-	if (f > 2.0)
-		f = 2.0;
-	return rate * f;
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (unsigned long long)ts.tv_sec * 1000000ull + (unsigned long long)ts.tv_nsec / 1000;
+}
+
+static void nvml_syms(void)
+{
+	void *lib = gp.real_dlsym ? dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL) : NULL;
+	if (lib == NULL)
+		return;
+	gp.nvml_init = (gp_fn_nvml_init)gp.real_dlsym(lib, "nvmlInit_v2");
+	gp.nvml_byindex = (gp_fn_nvml_byindex)gp.real_dlsym(lib, "nvmlDeviceGetHandleByIndex_v2");
+	gp.nvml_procutil = (gp_fn_nvml_procutil)gp.real_dlsym(lib, "nvmlDeviceGetProcessUtilization");
+	gp.nvml_util = (gp_fn_nvml_util)gp.real_dlsym(lib, "nvmlDeviceGetUtilizationRates");
+	gp.nvml_procs = (gp_fn_nvml_procs)gp.real_dlsym(lib, "nvmlDeviceGetComputeRunningProcesses_v3");
+	gp.nvml_migmode = (gp_fn_nvml_migmode)gp.real_dlsym(lib, "nvmlDeviceGetMigMode");
+	gp.nvml_ok = gp.nvml_init != NULL && gp.nvml_init() == NVML_SUCCESS && gp.nvml_byindex && gp.nvml_procutil;
 }
 
 static int nvml_ready(void)
 {
-	return gp.nvml_procutil != NULL && gp.nvml_byindex != NULL;
+	pthread_once(&gp.nvml_sym_once, nvml_syms);
+	return gp.nvml_ok;
 }
 
-/* The container's SM utilisation on dev over the last period, percent, or
- * -1 when NVML gave nothing usable. */
-static double measure(int dev, uint64_t launched)
+/* ---- host pid ----------------------------------------------------------- */
+
+static int list_procs(int dev, unsigned *out, unsigned long long *mem, unsigned max)
 {
-	struct gp_limiter *l = &gp.lim[dev];
 	nvmlDevice_t h;
-	if (!nvml_ready() || gp.nvml_byindex((unsigned)dev, &h) != NVML_SUCCESS)
+	if (!gp.nvml_procs || gp.nvml_byindex((unsigned)dev, &h) != NVML_SUCCESS)
 		return -1;
-	nvmlProcessUtilizationSample_t s[MAX_SAMPLES];
-	unsigned n = MAX_SAMPLES;
-	nvmlReturn_t rc = gp.nvml_procutil(h, s, &n, l->last_sample_us);
-	if (rc == NVML_ERROR_NOT_FOUND)
-		return 0; /* no process ran a kernel since the last sample */
-	if (rc != NVML_SUCCESS)
+	nvmlProcessInfo_t p[64];
+	unsigned n = 64;
+	if (gp.nvml_procs(h, &n, p) != NVML_SUCCESS)
 		return -1;
-	pid_t pids[MAX_PIDS];
-	int np = gp_region_pids(&gp.region, pids, MAX_PIDS);
-	if (np == 0) {
-		pids[0] = getpid();
-		np = 1;
+	for (unsigned i = 0; i < n && i < max; i++) {
+		out[i] = p[i].pid;
+		if (mem)
+			mem[i] = p[i].usedGpuMemory;
 	}
+	return (int)(n < max ? n : max);
+}
+
+static void resolved(unsigned hostpid, const char *how)
+{
+	atomic_store(&gp.host_pid, hostpid);
+	gp_region_set_hostpid(&gp.region, hostpid);
+	gp_log(GP_LOG_INFO, "NVML knows this process as pid %u (%s)", hostpid, how);
+}
+
+/* Several processes created contexts at once, so the list diff named
+ * several candidates. Tell them apart by memory: allocate PROBE bytes
+ * (charged like any allocation) and see whose usedGpuMemory grew by it.
+ * Runs in an application thread (it needs the current context). */
+#define PROBE (16ull << 20)
+static void probe_hostpid(int dev)
+{
+	int nc = atomic_load(&gp.host_ncands);
+	if (nc < 2 || !gp.mem_alloc || !gp.mem_free || atomic_fetch_add(&gp.host_probes, 1) >= 5)
+		return;
+	unsigned p0[64], p1[64];
+	unsigned long long m0[64], m1[64];
+	int n0 = list_procs(dev, p0, m0, 64);
+	if (n0 < 0 || gp_charge(dev, PROBE) != CUDA_SUCCESS)
+		return;
+	CUdeviceptr d;
+	if (gp.mem_alloc(&d, PROBE) != CUDA_SUCCESS) {
+		gp_uncharge(dev, PROBE);
+		return;
+	}
+	int n1 = list_procs(dev, p1, m1, 64);
+	gp.mem_free(d);
+	gp_uncharge(dev, PROBE);
+	unsigned hit = 0, nhit = 0;
+	for (int c = 0; c < nc; c++)
+		for (int i = 0; i < n1; i++) {
+			if (p1[i] != gp.host_cands[c])
+				continue;
+			unsigned long long before = 0;
+			for (int j = 0; j < n0; j++)
+				if (p0[j] == p1[i])
+					before = m0[j];
+			if (m1[i] >= before + PROBE && m1[i] < before + 2 * PROBE) {
+				hit = p1[i];
+				nhit++;
+			}
+		}
+	if (nhit == 1) {
+		resolved(hit, "memory probe");
+		atomic_store(&gp.host_ncands, 0);
+	}
+}
+
+static int want_hostpid(int dev)
+{
+	return dev >= 0 && dev < GP_MAX_DEV && (gp.cfg.any_sm_limit || gp.cfg.any_mem_limit) && !gp.cfg.disabled &&
+	       atomic_load(&gp.host_pid) == 0;
+}
+
+int gp_proc_mem(int dev, uint64_t *out)
+{
+	unsigned self = atomic_load(&gp.host_pid);
+	if (self == 0 || !nvml_ready())
+		return -1;
+	unsigned p[64];
+	unsigned long long m[64];
+	int n = list_procs(dev, p, m, 64);
+	if (n < 0)
+		return -1;
+	*out = 0; /* not listed: no context, no memory on dev */
+	for (int i = 0; i < n; i++)
+		if (p[i] == self)
+			*out = m[i];
+	return 0;
+}
+
+void gp_hostpid_before(int dev, struct gp_pidsnap *s)
+{
+	s->ok = 0;
+	if (!want_hostpid(dev) || !nvml_ready())
+		return;
+	int n = list_procs(dev, s->pids, NULL, 64);
+	if (n >= 0) {
+		s->n = (unsigned)n;
+		s->ok = 1;
+	}
+}
+
+void gp_hostpid_after(int dev, struct gp_pidsnap *s, int created)
+{
+	if (!s->ok || !created || !want_hostpid(dev))
+		return;
+	unsigned now[64], fresh[8], nfresh = 0;
+	int n = list_procs(dev, now, NULL, 64);
+	for (int i = 0; i < n; i++) {
+		int old = 0;
+		for (unsigned j = 0; j < s->n; j++)
+			old |= now[i] == s->pids[j];
+		if (!old && nfresh < 8)
+			fresh[nfresh++] = now[i];
+	}
+	if (nfresh == 1) {
+		resolved(fresh[0], "new in NVML's process list at context creation");
+	} else if (nfresh > 1) {
+		memcpy(gp.host_cands, fresh, sizeof fresh);
+		atomic_store(&gp.host_ncands, (int)nfresh);
+		gp_log(GP_LOG_INFO, "%u processes created contexts at once; a memory probe will tell which is this one",
+		       nfresh);
+	} else if (!atomic_exchange(&gp.host_pid_tried, 1))
+		gp_log(GP_LOG_INFO, "this process did not appear in NVML's process list; will retry at the next context creation");
+}
+
+/* ---- control ------------------------------------------------------------ */
+
+/* Cumulative cost admitted at time us, interpolated between ticks. */
+static double cum_at(struct gp_limiter *l, unsigned long long us)
+{
+	int n = l->ring_n;
+	if (n == 0)
+		return 0;
+	int newest = (l->ring_i + GP_RING - 1) % GP_RING, oldest = (l->ring_i + GP_RING - n) % GP_RING;
+	if (us >= l->ring[newest].us)
+		return (double)l->ring[newest].cum;
+	if (us <= l->ring[oldest].us)
+		return (double)l->ring[oldest].cum;
+	for (int k = 1; k < n; k++) {
+		int i1 = (newest + GP_RING - k + 1) % GP_RING, i0 = (newest + GP_RING - k) % GP_RING;
+		if (l->ring[i0].us <= us) {
+			double span = (double)(l->ring[i1].us - l->ring[i0].us);
+			double f = span > 0 ? (double)(us - l->ring[i0].us) / span : 1;
+			return (double)l->ring[i0].cum + f * (double)(l->ring[i1].cum - l->ring[i0].cum);
+		}
+	}
+	return (double)l->ring[oldest].cum;
+}
+
+/* Our utilisation in the newest samples, or -1 when unknown. */
+static double attribute(struct gp_limiter *l, nvmlProcessUtilizationSample_t *s, unsigned n,
+			unsigned long long since, double admitted)
+{
+	unsigned ours[MAX_PIDS];
+	int no = gp_region_hostpids(&gp.region, ours, MAX_PIDS - 1);
+	unsigned self = atomic_load(&gp.host_pid);
+	if (self != 0)
+		ours[no++] = self;
 	double sum = 0;
-	int matched = 0;
+	unsigned listed = 0, last = 0;
 	for (unsigned i = 0; i < n; i++) {
-		if (s[i].timeStamp > l->last_sample_us)
-			l->last_sample_us = s[i].timeStamp;
-		for (int j = 0; j < np; j++)
-			if ((pid_t)s[i].pid == pids[j]) {
+		if (s[i].timeStamp <= since)
+			continue;
+		listed++;
+		last = i;
+		for (int j = 0; j < no; j++)
+			if (s[i].pid == ours[j]) {
 				sum += s[i].smUtil;
-				matched = 1;
+				break;
 			}
 	}
-	if (matched)
-		l->pids_visible = 1;
-	else if (n > 0 && launched > 0 && !l->pids_visible && gp.nvml_util) {
-		/* We launched but NVML has never shown our pids (pid namespace):
-		 * fall back to the whole device, which can only over-throttle.
-		 * Once our pids have been seen, "not listed" means "idle"; other
-		 * processes' work must never be charged to us. */
-		nvmlUtilization_t u;
-		if (gp.nvml_util(h, &u) == NVML_SUCCESS)
-			return u.gpu;
+	if (no > 0)
+		return sum;
+	if (listed == 1 && admitted > 0)
+		return s[last].smUtil; /* alone on the device: it is us */
+	if (!l->warned) {
+		l->warned = 1;
+		gp_log(GP_LOG_WARN, "SM limiter: this container's host pids are unknown and the device is shared; "
+		       "holding the current rate");
 	}
-	return sum;
+	return -1;
+}
+
+static void control(int dev, struct gp_limiter *l)
+{
+	unsigned long long now = realtime_us();
+	l->ring[l->ring_i].us = now;
+	l->ring[l->ring_i].cum = atomic_load(&l->launched);
+	l->ring_i = (l->ring_i + 1) % GP_RING;
+	if (l->ring_n < GP_RING)
+		l->ring_n++;
+	nvmlDevice_t h;
+	if (!nvml_ready() || gp.nvml_byindex((unsigned)dev, &h) != NVML_SUCCESS)
+		return;
+	nvmlProcessUtilizationSample_t s[MAX_SAMPLES];
+	unsigned n = MAX_SAMPLES;
+	if (gp.nvml_procutil(h, s, &n, l->last_sample_us) != NVML_SUCCESS)
+		return; /* NOT_FOUND: no sample since the last one; hold */
+	unsigned long long ts = 0, since = l->last_sample_us;
+	for (unsigned i = 0; i < n; i++)
+		if (s[i].timeStamp > ts)
+			ts = s[i].timeStamp;
+	if (ts <= since)
+		return; /* stale: hold */
+	l->last_sample_us = ts;
+	if (since == 0)
+		return; /* the first: its window's length is not known yet */
+	unsigned long long gap = ts - since;
+	if (l->cadence_us == 0 || gap < l->cadence_us)
+		l->cadence_us = gap;
+	unsigned long long win = l->cadence_us;
+	double admitted = cum_at(l, ts) - cum_at(l, ts > win ? ts - win : 0);
+	double u = attribute(l, s, n, since, admitted);
+	double obs = admitted / ((double)win / 1e6);
+	if (u <= 0 || obs <= 0)
+		return; /* unknown, or nothing of ours ran: nothing to learn */
+	double k = u / obs;
+	l->k = l->k > 0 ? sqrt(l->k * k) : k; /* geometric smoothing */
+	double r = (double)l->target / l->k;
+	pthread_mutex_lock(&l->mu);
+	if (l->floor == 0)
+		l->floor = r / 4;
+	if (r < l->floor)
+		r = l->floor;
+	if (l->rate <= 0)
+		l->tokens = 0;
+	l->rate = r;
+	pthread_mutex_unlock(&l->mu);
+	gp_log(GP_LOG_DEBUG, "limiter dev %d: util %.1f in %llu us, admitted %.0f/s, target %d, rate %.0f", dev, u,
+	       win, obs, l->target, r);
 }
 
 static void *control_loop(void *arg)
 {
 	(void)arg;
 	uint64_t period_ns = (uint64_t)gp.cfg.sm_period_ms * 1000000ull;
-	uint64_t prev = gp_now_ns();
 	for (;;) {
 		struct timespec ts = {(time_t)(period_ns / 1000000000ull), (long)(period_ns % 1000000000ull)};
 		while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
 			;
-		uint64_t now = gp_now_ns();
-		double dt = (double)(now - prev) / 1e9;
-		prev = now;
-		for (int d = 0; d < GP_MAX_DEV; d++) {
-			struct gp_limiter *l = &gp.lim[d];
-			if (l->target == 0)
-				continue;
-			uint64_t launched = atomic_exchange(&l->launched, 0);
-			double u = measure(d, launched);
-			int waited = atomic_exchange(&l->waited, 0);
-			pthread_mutex_lock(&l->mu);
-			double r = gp_limiter_next_rate(l->rate, l->target, u, dt > 0 ? launched / dt : 0, waited);
-			if (l->rate <= 0 && r > 0)
-				l->tokens = 0;
-			l->rate = r;
-			pthread_mutex_unlock(&l->mu);
-			gp_log(GP_LOG_DEBUG, "limiter dev %d: util %.1f target %d rate %.0f", d, u, l->target, r);
-		}
+		for (int d = 0; d < GP_MAX_DEV; d++)
+			if (gp.lim[d].target != 0)
+				control(d, &gp.lim[d]);
 	}
 	return NULL;
 }
@@ -146,18 +339,21 @@ static void start_control(void)
 	int z = 0;
 	if (!atomic_compare_exchange_strong(&gp.limiter_started, &z, 1))
 		return;
-	void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
-	if (lib != NULL) {
-		{
-			gp.nvml_init = (gp_fn_nvml_init)gp.real_dlsym(lib, "nvmlInit_v2");
-			gp.nvml_byindex = (gp_fn_nvml_byindex)gp.real_dlsym(lib, "nvmlDeviceGetHandleByIndex_v2");
-			gp.nvml_procutil = (gp_fn_nvml_procutil)gp.real_dlsym(lib, "nvmlDeviceGetProcessUtilization");
-			gp.nvml_util = (gp_fn_nvml_util)gp.real_dlsym(lib, "nvmlDeviceGetUtilizationRates");
-		}
-	}
-	if (gp.nvml_init == NULL || gp.nvml_init() != NVML_SUCCESS) {
+	if (!nvml_ready()) {
 		gp_log(GP_LOG_ERROR, "SM limit set but NVML is unavailable; launches are not throttled");
 		return;
+	}
+	/* On a MIG device the slice is the SM limit, and NVML reports no
+	 * per-process utilisation: say so, once, and do not throttle. */
+	for (int d = 0; d < GP_MAX_DEV; d++) {
+		nvmlDevice_t h;
+		unsigned cur = 0, pend = 0;
+		if (gp.lim[d].target == 0 || !gp.nvml_migmode || gp.nvml_byindex((unsigned)d, &h) != NVML_SUCCESS ||
+		    gp.nvml_migmode(h, &cur, &pend) != NVML_SUCCESS || cur != 1 /* NVML_DEVICE_MIG_ENABLE */)
+			continue;
+		gp_log(GP_LOG_WARN, "device %d is in MIG mode: CUDA_DEVICE_SM_LIMIT=%d does not apply (the MIG slice "
+		       "bounds the SMs); launches are not throttled", d, gp.lim[d].target);
+		gp.lim[d].target = 0;
 	}
 	/* The thread blocks every signal so it never runs application handlers. */
 	sigset_t all, old;
@@ -181,6 +377,9 @@ void gp_limiter_admit(int dev, uint64_t cost)
 		return;
 	if (!atomic_load_explicit(&gp.limiter_started, memory_order_acquire))
 		start_control();
+	if (__builtin_expect(atomic_load_explicit(&gp.host_ncands, memory_order_relaxed) > 1, 0) &&
+	    atomic_load(&gp.host_pid) == 0)
+		probe_hostpid(dev);
 	if (cost == 0)
 		cost = 1;
 	pthread_mutex_lock(&l->mu);
@@ -190,9 +389,9 @@ void gp_limiter_admit(int dev, uint64_t cost)
 			l->last_ns = now;
 			break;
 		}
-		/* Burst: one period, but at least 50 ms, so a process the CPU
+		/* Burst: one period, but at least 250 ms, so a process the CPU
 		 * scheduler delayed can catch up on what it was owed. */
-		double burst = l->rate * (gp.cfg.sm_period_ms < 50 ? 0.05 : (double)gp.cfg.sm_period_ms / 1000.0);
+		double burst = l->rate * (gp.cfg.sm_period_ms < 250 ? 0.25 : (double)gp.cfg.sm_period_ms / 1000.0);
 		l->tokens += l->rate * (double)(now - l->last_ns) / 1e9;
 		if (l->tokens > burst)
 			l->tokens = burst;

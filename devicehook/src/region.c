@@ -18,6 +18,10 @@
  *      limit. With sequentially consistent atomics, of two racing charges
  *      the later one always sees the earlier, so the committed sum never
  *      exceeds the limit. Races near the limit can refuse both (safe).
+ *      No arithmetic wraps: a request above the limit is refused before
+ *      any add, a slot add that would pass 2^64 is refused, and the sum
+ *      saturates at 2^64-1 (read as "over any limit"). Without this, a
+ *      request of 2^64 - used makes the sum read 0 while it is pending.
  *  I5. No locks. A process SIGKILLed at any instruction leaves at most its
  *      own slot non-zero. Any process may reclaim the slot of a dead owner:
  *      CAS owner pid -> RECLAIM|self, zero used[], store owner 0. A
@@ -29,8 +33,13 @@
  *      slot that already carries our own pid belongs to the image this
  *      process exec'd away from (its device memory went with it): attach
  *      reclaims it.
- *  I7. Layout is versioned by `magic`; a region with another magic is not
- *      touched (accounting falls back to per-process, loudly).
+ *  I7. Layout is versioned by `magic` and the file's size; a file with
+ *      another magic or size is not touched, and the process refuses every
+ *      allocation on a limited device, loudly (fail closed: per-process
+ *      accounting would hand out the limit once more per process).
+ *  I8. The file is created 0666 regardless of umask (several uids in one
+ *      container share it) and its blocks are reserved (posix_fallocate)
+ *      before it is mapped, so a full filesystem is an error, not SIGBUS.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -53,7 +62,8 @@ struct gp_slot {
 	_Atomic uint64_t owner;      /* pid, or RECLAIM|reclaimer pid, or 0 */
 	_Atomic uint64_t start_time; /* /proc/<pid>/stat field 22; 0 = unknown */
 	_Atomic uint64_t used[GP_MAX_DEV];
-	uint64_t pad[6];
+	_Atomic uint64_t host_pid; /* as NVML numbers the owner; 0 = unknown */
+	uint64_t pad[5];
 } __attribute__((aligned(64)));
 
 struct gp_region {
@@ -102,64 +112,96 @@ static int owner_dead(pid_t pid, uint64_t start)
 	return 0;
 }
 
+/* Maps the named file shared; NULL (reason in why) when it cannot be
+ * used as our region. Never modifies a file it does not accept. */
+static struct gp_region *open_shared(const char *path, size_t size, char *why, size_t whylen)
+{
+	/* Every uid of the container must be able to open the file read-write
+	 * (processes of several uids share one limit): create it 0666 whatever
+	 * the umask. O_NONBLOCK: a FIFO planted at the path must not hang us. */
+	int created = 1;
+	int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NONBLOCK, 0666);
+	if (fd < 0 && errno == EEXIST) {
+		created = 0;
+		fd = open(path, O_RDWR | O_CLOEXEC | O_NONBLOCK);
+	}
+	if (fd < 0) {
+		snprintf(why, whylen, "cannot be opened read-write: %s", strerror(errno));
+		return NULL;
+	}
+	struct stat st;
+	uint64_t magic = 0;
+	void *m = MAP_FAILED;
+	if (created && fchmod(fd, 0666) != 0)
+		snprintf(why, whylen, "fchmod: %s", strerror(errno));
+	else if (fstat(fd, &st) != 0)
+		snprintf(why, whylen, "fstat: %s", strerror(errno));
+	else if (!S_ISREG(st.st_mode))
+		snprintf(why, whylen, "is not a regular file");
+	else if (st.st_size != 0 && (size_t)st.st_size != size)
+		/* I7: another version or another library (HAMi-core) wrote it. */
+		snprintf(why, whylen, "has another layout (%lld bytes, ours are %zu)", (long long)st.st_size, size);
+	else if (st.st_size != 0 && (pread(fd, &magic, sizeof magic, 0) != (ssize_t)sizeof magic ||
+				     (magic != 0 && magic != GP_MAGIC)))
+		snprintf(why, whylen, "has another layout (magic %llx)", (unsigned long long)magic);
+	else {
+		/* Reserve the blocks before mapping: on a full filesystem a
+		 * sparse file mapped shared raises SIGBUS at the first store. */
+		int e = posix_fallocate(fd, 0, (off_t)size);
+		if (e != 0)
+			snprintf(why, whylen, "cannot reserve %zu bytes: %s", size, strerror(e));
+		else if ((m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED)
+			snprintf(why, whylen, "mmap: %s", strerror(errno));
+	}
+	close(fd);
+	if (m == MAP_FAILED)
+		return NULL;
+	struct gp_region *r = m;
+	uint64_t zero = 0;
+	if (!atomic_compare_exchange_strong(&r->magic, &zero, GP_MAGIC) && zero != GP_MAGIC) {
+		/* Raced with a writer of another layout since the pread. */
+		snprintf(why, whylen, "has another layout (magic %llx)", (unsigned long long)zero);
+		munmap(m, size);
+		return NULL;
+	}
+	return r;
+}
+
 int gp_region_open(struct gp_region_handle *h, const char *path)
 {
 	h->r = NULL;
 	h->slot = -1;
 	h->shared = 0;
 	size_t size = sizeof(struct gp_region);
-	void *m = MAP_FAILED;
+	int rc = 0;
 	if (path && *path) {
-		int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
-		uint64_t magic = 0;
-		if (fd >= 0 && pread(fd, &magic, sizeof magic, 0) == (ssize_t)sizeof magic && magic != 0 &&
-		    magic != GP_MAGIC) {
-			/* I7: not ours (another version, or another library's file). */
-			gp_log(GP_LOG_ERROR, "shared cache %s has another layout (magic %llx); accounting is per process",
-			       path, (unsigned long long)magic);
-			close(fd);
-			fd = -1;
-			errno = EEXIST;
-		}
-		if (fd >= 0) {
-			struct stat st;
-			if (fstat(fd, &st) == 0 && (size_t)st.st_size < size && ftruncate(fd, (off_t)size) != 0)
-				gp_log(GP_LOG_ERROR, "shared cache %s: ftruncate: %s", path, strerror(errno));
-			else
-				m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-			close(fd);
-		}
-		if (m == MAP_FAILED)
-			gp_log(GP_LOG_ERROR, "shared cache %s unusable (%s); accounting is per process",
-			       path, strerror(errno));
-		else
+		char why[256] = "";
+		h->r = open_shared(path, size, why, sizeof why);
+		if (h->r != NULL) {
 			h->shared = 1;
+			return 0;
+		}
+		/* Fail closed: a private region would give this process the
+		 * whole limit again, next to the others. The caller refuses
+		 * every allocation on a limited device. */
+		gp_log(GP_LOG_ERROR, "shared cache %s %s; every GPU memory allocation is refused", path, why);
+		rc = -2;
 	}
-	if (m == MAP_FAILED)
-		m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	/* Private accounting (no file named), or a placeholder when the file
+	 * is unusable, so queries still have something to read. */
+	void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (m == MAP_FAILED)
 		return -1;
-	struct gp_region *r = m;
-	uint64_t zero = 0;
-	if (!atomic_compare_exchange_strong(&r->magic, &zero, GP_MAGIC) && zero != GP_MAGIC) {
-		gp_log(GP_LOG_ERROR, "shared cache %s has another layout (magic %llx); accounting is per process",
-		       path, (unsigned long long)zero);
-		munmap(m, size);
-		h->shared = 0;
-		m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-		if (m == MAP_FAILED)
-			return -1;
-		r = m;
-		atomic_store(&r->magic, GP_MAGIC);
-	}
-	h->r = r;
-	return 0;
+	h->r = m;
+	atomic_store(&h->r->magic, GP_MAGIC);
+	return rc;
 }
 
 static void zero_slot(struct gp_slot *s)
 {
 	for (int d = 0; d < GP_MAX_DEV; d++)
 		atomic_store(&s->used[d], 0);
+	atomic_store(&s->host_pid, 0);
 	atomic_store(&s->start_time, 0);
 }
 
@@ -247,9 +289,24 @@ uint64_t gp_region_used(struct gp_region_handle *h, int dev)
 {
 	uint64_t sum = 0;
 	uint32_t hw = atomic_load(&h->r->hw);
-	for (uint32_t i = 0; i < hw && i < GP_MAX_SLOTS; i++)
-		sum += atomic_load(&h->r->slots[i].used[dev]);
+	for (uint32_t i = 0; i < hw && i < GP_MAX_SLOTS; i++) {
+		uint64_t v = atomic_load(&h->r->slots[i].used[dev]);
+		if (v > UINT64_MAX - sum)
+			return UINT64_MAX; /* I4: saturate, never wrap */
+		sum += v;
+	}
 	return sum;
+}
+
+/* Adds size to our own slot unless that would wrap (I4). */
+static int slot_add(_Atomic uint64_t *mine, uint64_t size)
+{
+	uint64_t cur = atomic_load(mine);
+	do {
+		if (cur > UINT64_MAX - size)
+			return -1;
+	} while (!atomic_compare_exchange_weak(mine, &cur, cur + size));
+	return 0;
 }
 
 int gp_region_reserve(struct gp_region_handle *h, int dev, uint64_t size, uint64_t limit)
@@ -257,8 +314,11 @@ int gp_region_reserve(struct gp_region_handle *h, int dev, uint64_t size, uint64
 	if (h->slot < 0)
 		return -1;
 	_Atomic uint64_t *mine = &h->r->slots[h->slot].used[dev];
+	if (size > limit)
+		return -1; /* I4: could never fit; adding it could wrap the sum */
 	for (int attempt = 0; attempt < 3; attempt++) {
-		atomic_fetch_add(mine, size);
+		if (slot_add(mine, size) != 0)
+			return -1;
 		if (gp_region_used(h, dev) <= limit)
 			return 0;
 		atomic_fetch_sub(mine, size);
@@ -275,8 +335,10 @@ int gp_region_reserve(struct gp_region_handle *h, int dev, uint64_t size, uint64
 
 void gp_region_add(struct gp_region_handle *h, int dev, uint64_t size)
 {
-	if (h->slot >= 0)
-		atomic_fetch_add(&h->r->slots[h->slot].used[dev], size);
+	/* Memory the driver already holds: charged even past the limit, but
+	 * saturating rather than wrapping (I4). */
+	if (h->slot >= 0 && slot_add(&h->r->slots[h->slot].used[dev], size) != 0)
+		atomic_store(&h->r->slots[h->slot].used[dev], UINT64_MAX);
 }
 
 void gp_region_release(struct gp_region_handle *h, int dev, uint64_t size)
@@ -293,6 +355,27 @@ int gp_region_pids(struct gp_region_handle *h, pid_t *out, int max)
 		uint64_t o = atomic_load(&h->r->slots[i].owner);
 		if (o != 0 && !(o & GP_RECLAIM))
 			out[n++] = (pid_t)o;
+	}
+	return n;
+}
+
+void gp_region_set_hostpid(struct gp_region_handle *h, unsigned hostpid)
+{
+	if (h->r && h->slot >= 0)
+		atomic_store(&h->r->slots[h->slot].host_pid, hostpid);
+}
+
+int gp_region_hostpids(struct gp_region_handle *h, unsigned *out, int max)
+{
+	int n = 0;
+	if (h->r == NULL)
+		return 0;
+	uint32_t hw = atomic_load(&h->r->hw);
+	for (uint32_t i = 0; i < hw && i < GP_MAX_SLOTS && n < max; i++) {
+		uint64_t o = atomic_load(&h->r->slots[i].owner);
+		uint64_t hp = atomic_load(&h->r->slots[i].host_pid);
+		if (o != 0 && !(o & GP_RECLAIM) && hp != 0)
+			out[n++] = (unsigned)hp;
 	}
 	return n;
 }

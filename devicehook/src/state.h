@@ -37,7 +37,15 @@ struct gp_config {
 	int any_mem_limit;
 	int any_sm_limit;
 	char shared_cache[1024];        /* "" = private accounting */
+	int from_file;                  /* limits came from the trusted file */
+	int fail_closed;                /* the trusted file is unusable: refuse all */
 };
+
+/* The trusted limits file, written and mounted read-only by gpupack-node's
+ * device plugin. A compile-time constant on purpose: nothing a tenant
+ * controls (no environment variable) may point the hook elsewhere. */
+#define GP_LIMITS_PATH "/etc/gpupack/limits"
+#define GP_LIMITS_MAX (64 * 1024)
 
 /* Pure parsers (fuzzed). Return 0 on success, -1 on malformed input. */
 int gp_parse_size(const char *s, uint64_t *out);
@@ -46,6 +54,15 @@ int gp_parse_bool(const char *s, int *out);
 /* Fills c from an environ-style array. Every malformed value is reported
  * through the log at ERROR level and replaced by its safe fallback. */
 void gp_config_from_env(struct gp_config *c, char *const *envp);
+/* Fills c from the text of a limits file (KEY=VALUE lines; see config.c).
+ * 0 on success; -1 when the file is unparsable, with c set to refuse every
+ * allocation and the reason (one line) in err. Pure: no I/O, no logging. */
+int gp_config_from_file(struct gp_config *c, const char *buf, size_t len, char *err, size_t errlen);
+/* The whole rule: limits from the file at path when it exists (env keys
+ * ignored), fail closed when it exists but is unusable, the environment
+ * when it does not exist. The library passes GP_LIMITS_PATH only; the
+ * parameter exists for the parser's test program. */
+void gp_config_load(struct gp_config *c, char *const *envp, const char *path);
 void gp_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* ---- region.c ---------------------------------------------------------- */
@@ -68,6 +85,10 @@ void gp_region_add(struct gp_region_handle *h, int dev, uint64_t size);
 void gp_region_release(struct gp_region_handle *h, int dev, uint64_t size);
 int gp_region_reclaim_dead(struct gp_region_handle *h);
 int gp_region_pids(struct gp_region_handle *h, pid_t *out, int max);
+/* Host pids (as NVML reports them) of the container's processes that
+ * resolved theirs; set our own once known. */
+void gp_region_set_hostpid(struct gp_region_handle *h, unsigned hostpid);
+int gp_region_hostpids(struct gp_region_handle *h, unsigned *out, int max);
 
 /* ---- account.c --------------------------------------------------------- */
 
@@ -120,6 +141,7 @@ void gp_vmm_unmapped(uint64_t va, uint64_t size);
 void gp_vmm_reset(void);
 
 void gp_pool_register(uint64_t pool, int dev);
+void gp_pool_forget(uint64_t pool);
 void gp_pool_reset(void);
 int gp_pool_dev(uint64_t pool);
 CUresult gp_pool_begin(uint64_t pool, int dev, uint64_t size, uint64_t *taken);
@@ -137,22 +159,43 @@ uint64_t gp_mipmap_bytes(size_t w, size_t h, size_t d, int format, unsigned ch, 
 
 /* ---- limiter.c --------------------------------------------------------- */
 
+#define GP_RING 512
+
 struct gp_limiter {
 	int target;            /* percent; 0 = off */
 	pthread_mutex_t mu;
 	double rate;           /* cost units per second; 0 = not calibrated */
 	double tokens;
 	uint64_t last_ns;
-	_Atomic uint64_t launched; /* cost admitted since the last control tick */
+	_Atomic uint64_t launched; /* cost admitted since start (cumulative) */
 	_Atomic int waited;        /* a launch waited since the last tick */
-	unsigned long long last_sample_us;
-	int pids_visible; /* NVML has listed one of our pids at least once */
+	/* Control thread only: */
+	unsigned long long last_sample_us; /* newest NVML sample seen */
+	unsigned long long cadence_us;     /* smallest gap seen between samples */
+	double k;                          /* util percent per cost/s; 0 = unknown */
+	double floor;                      /* the rate is never set below this */
+	int ring_n, ring_i;                /* (time, cumulative cost) per tick */
+	struct {
+		unsigned long long us;
+		uint64_t cum;
+	} ring[GP_RING];
+	int warned;
 };
 
 void gp_limiter_setup(void);
 void gp_limiter_admit(int dev, uint64_t cost);
-/* One control step; exposed for tests of the controller. */
-double gp_limiter_next_rate(double rate, double target, double util, double observed, int waited);
+/* Host pid resolution around context creation (HAMi-core's method): the
+ * NVML process list before and after; one new pid = ours. */
+struct gp_pidsnap {
+	int ok;
+	unsigned n;
+	unsigned pids[64];
+};
+void gp_hostpid_before(int dev, struct gp_pidsnap *s);
+void gp_hostpid_after(int dev, struct gp_pidsnap *s, int created);
+/* This process's device memory on dev as NVML reports it (contexts
+ * included): 0 on success, -1 when it cannot be known. */
+int gp_proc_mem(int dev, uint64_t *out);
 
 /* ---- the state --------------------------------------------------------- */
 
@@ -192,6 +235,8 @@ typedef nvmlReturn_t (*gp_fn_nvml_procutil)(nvmlDevice_t, nvmlProcessUtilization
 typedef nvmlReturn_t (*gp_fn_nvml_util)(nvmlDevice_t, nvmlUtilization_t *);
 typedef nvmlReturn_t (*gp_fn_nvml_byindex)(unsigned int, nvmlDevice_t *);
 typedef nvmlReturn_t (*gp_fn_nvml_init)(void);
+typedef nvmlReturn_t (*gp_fn_nvml_procs)(nvmlDevice_t, unsigned int *, nvmlProcessInfo_t *);
+typedef nvmlReturn_t (*gp_fn_nvml_migmode)(nvmlDevice_t, unsigned int *, unsigned int *);
 typedef CUresult (*gp_fn_pool_attr)(CUmemoryPool, int, void *);
 typedef CUresult (*gp_fn_dev_pool)(CUmemoryPool *, CUdevice);
 typedef CUresult (*gp_fn_pool_trim)(CUmemoryPool, size_t);
@@ -214,9 +259,25 @@ struct gp_state {
 	gp_fn_nvml_util nvml_util;
 	gp_fn_nvml_byindex nvml_byindex;
 	gp_fn_nvml_init nvml_init;
+	gp_fn_nvml_procs nvml_procs;     /* nvmlDeviceGetComputeRunningProcesses_v3 */
+	gp_fn_nvml_migmode nvml_migmode; /* nvmlDeviceGetMigMode */
+	pthread_once_t nvml_sym_once;    /* the limiter's NVML symbols */
+	int nvml_ok;
+	_Atomic unsigned host_pid;       /* this process as NVML numbers it; 0 = unknown */
+	_Atomic int host_pid_tried;
+	unsigned host_cands[8];          /* ambiguous resolution: one of these */
+	_Atomic int host_ncands;
+	_Atomic int host_probes;         /* memory probes tried */
+	CUresult (*mem_alloc)(CUdeviceptr *, size_t); /* the driver's, for the probe */
+	CUresult (*mem_free)(CUdeviceptr);
+	CUresult (*ctx_get_limit)(size_t *, CUlimit);
+	CUresult (*dev_get_attr)(int *, int, CUdevice);
 	struct gp_region_handle region;
 	struct gp_table table;
 	_Atomic int primary_refs[GP_MAX_DEV];
+	uint64_t primary_charge[GP_MAX_DEV]; /* what the primary context is charged */
+	_Atomic int ctx_live[GP_MAX_DEV];    /* contexts this process holds on dev */
+	_Atomic int ctx_ever[GP_MAX_DEV];    /* it has created one on dev */
 	_Atomic int sm_active; /* any device throttled: launches take the slow path */
 	struct gp_limiter lim[GP_MAX_DEV];
 	struct gp_pools pools;

@@ -1,11 +1,20 @@
 /*
- * Feeds the hook's environment parser from stdin, for `go test -fuzz`.
- * Input: records of  <u32 length><bytes>  (little endian); each record is
- * a NUL-separated environ block. Output per record, one line:
+ * Feeds the hook's configuration parsers, for `go test -fuzz`.
+ *
+ *   envparse          records of  <u32 length><bytes>  (little endian) on
+ *                     stdin; each record is a NUL-separated environ block.
+ *   envparse file     the same records, each the text of a limits file.
+ *   envparse load P   one run of the whole rule (gp_config_load) with the
+ *                     limits file at P and this process's environment.
+ *
+ * Output per record, one line:
  *   mem=<limit dev0>,<limit dev1> sm=<sm dev0>,<sm dev1> reserve=<n> period=<ms> log=<l> disabled=<d>
- * (limits print "none" when unlimited), preceded by the parser's log lines
- * (stderr is merged into stdout so each record's logs come before its
- * result). Built with ASan/UBSan too.
+ * (limits print "none" when unlimited), in the file and load modes followed
+ * by " file=<0|1> closed=<0|1> cache=<path or ->". The parser's log lines
+ * come first (stderr is merged into stdout); the file parser does not log,
+ * so its error text is printed as a line "ERR <text>". Built with
+ * ASan/UBSan too. The test program may name any path; the library itself
+ * only ever reads GP_LIMITS_PATH.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -15,29 +24,58 @@
 
 #include "../src/state.h"
 
-int main(void)
+extern char **environ;
+
+static void print(const struct gp_config *c, int more)
+{
+	char m0[32], m1[32];
+	if (c->mem_limit[0] == GP_UNLIMITED) strcpy(m0, "none"); else snprintf(m0, sizeof m0, "%llu", (unsigned long long)c->mem_limit[0]);
+	if (c->mem_limit[1] == GP_UNLIMITED) strcpy(m1, "none"); else snprintf(m1, sizeof m1, "%llu", (unsigned long long)c->mem_limit[1]);
+	printf("mem=%s,%s sm=%d,%d reserve=%llu period=%u log=%d disabled=%d", m0, m1, c->sm_limit[0], c->sm_limit[1],
+	       (unsigned long long)c->ctx_reserve, c->sm_period_ms, c->log_level, c->disabled);
+	if (more)
+		printf(" file=%d closed=%d cache=%s", c->from_file, c->fail_closed, c->shared_cache[0] ? c->shared_cache : "-");
+	printf("\n");
+	fflush(stdout);
+}
+
+int main(int argc, char **argv)
 {
 	uint32_t len;
 	dup2(1, 2);
+	int file = argc > 1 && !strcmp(argv[1], "file");
+	if (argc > 2 && !strcmp(argv[1], "load")) {
+		struct gp_config c;
+		gp_config_load(&c, environ, argv[2]);
+		print(&c, 1);
+		return 0;
+	}
 	while (fread(&len, 4, 1, stdin) == 1) {
 		char *buf = malloc((size_t)len + 2);
 		if (len && fread(buf, 1, len, stdin) != len)
 			return 1;
 		buf[len] = '\0';
 		buf[len + 1] = '\0';
-		char *env[256];
-		int n = 0;
-		for (char *p = buf; p < buf + len && n < 255; p += strlen(p) + 1)
-			env[n++] = p;
-		env[n] = NULL;
 		struct gp_config c;
-		gp_config_from_env(&c, env);
-		char m0[32], m1[32];
-		if (c.mem_limit[0] == GP_UNLIMITED) strcpy(m0, "none"); else snprintf(m0, sizeof m0, "%llu", (unsigned long long)c.mem_limit[0]);
-		if (c.mem_limit[1] == GP_UNLIMITED) strcpy(m1, "none"); else snprintf(m1, sizeof m1, "%llu", (unsigned long long)c.mem_limit[1]);
-		printf("mem=%s,%s sm=%d,%d reserve=%llu period=%u log=%d disabled=%d\n", m0, m1, c.sm_limit[0], c.sm_limit[1],
-		       (unsigned long long)c.ctx_reserve, c.sm_period_ms, c.log_level, c.disabled);
-		fflush(stdout);
+		if (file) {
+			char err[256];
+			/* An exact-size copy, so ASan sees any read past the end. */
+			char *exact = malloc(len ? len : 1);
+			memcpy(exact, buf, len);
+			gp_config_from_file(&c, exact, len, err, sizeof err);
+			free(exact);
+			if (err[0])
+				printf("ERR %s\n", err);
+			print(&c, 1);
+		} else {
+			char *env[256];
+			int n = 0;
+			for (char *p = buf; p < buf + len && n < 255; p += strlen(p) + 1)
+				env[n++] = p;
+			env[n] = NULL;
+			gp_config_from_env(&c, env);
+			print(&c, 0);
+		}
 		free(buf);
 	}
 	return 0;

@@ -400,6 +400,162 @@ static int cmd_threads(int n, long iters, uint64_t chunk)
 
 /* ctxgone CHUNK: blocks left in a destroyed context, or in a reset primary
  * context, are freed with it and must stop counting. */
+/* wrap CHUNK MS: hold one chunk, then for MS ms two threads ask for
+ * 2^64 - (what the container holds) while a third grabs chunks and keeps
+ * them. A wrapping add-then-check lets the third pass the limit. */
+static _Atomic int wr_stop;
+static _Atomic uint64_t wr_held;
+
+static void *wr_huge(void *arg)
+{
+	(void)arg;
+	A.p_cuCtxSetCurrent(th_ctx);
+	CUdeviceptr p;
+	while (!atomic_load(&wr_stop)) {
+		uint64_t h = atomic_load(&wr_held);
+		if (A.p_cuMemAlloc_v2(&p, (size_t)(0 - h)) == 0)
+			A.p_cuMemFree_v2(p);
+	}
+	return NULL;
+}
+
+static int cmd_wrap(uint64_t chunk, long ms)
+{
+	ctx(0);
+	A.p_cuDevicePrimaryCtxRetain(&th_ctx, 0);
+	CUdeviceptr p;
+	if (A.p_cuMemAlloc_v2(&p, chunk) != 0)
+		die("first chunk", 0);
+	atomic_store(&wr_held, chunk);
+	pthread_t t[2];
+	for (int i = 0; i < 2; i++)
+		pthread_create(&t[i], NULL, wr_huge, NULL);
+	uint64_t end = now_ns() + (uint64_t)ms * 1000000ull, max = 0;
+	while (now_ns() < end) {
+		if (A.p_cuMemAlloc_v2(&p, chunk) == 0)
+			atomic_fetch_add(&wr_held, chunk);
+		uint64_t u = fake_used(0);
+		if (u > max)
+			max = u;
+	}
+	atomic_store(&wr_stop, 1);
+	for (int i = 0; i < 2; i++)
+		pthread_join(t[i], NULL);
+	printf("held=%llu max_used=%llu\n", (unsigned long long)atomic_load(&wr_held), (unsigned long long)max);
+	return 0;
+}
+
+/* pooldead CHUNK: a pool with one live block is destroyed; fill with
+ * cuMemAlloc_v2 until refused (the hook must not ask the driver about the
+ * dead pool), free the pool's block, fill again. */
+static int cmd_pooldead(uint64_t chunk)
+{
+	ctx(0);
+	CUmemPoolProps pp;
+	memset(&pp, 0, sizeof pp);
+	pp.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+	pp.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	pp.location.id = 0;
+	CUmemoryPool pl;
+	CUdeviceptr b;
+	if (A.p_cuMemPoolCreate(&pl, &pp) || A.p_cuMemAllocFromPoolAsync(&b, chunk, pl, NULL))
+		die("pool", 0);
+	A.p_cuMemPoolDestroy(pl);
+	int n1 = 0, n2 = 0;
+	while (n1 < MAXH && a_mem(chunk, &handles[n1]) == 0)
+		n1++;
+	int left = n1;
+	while (left > 0)
+		A.p_cuMemFree_v2(handles[--left]);
+	A.p_cuMemFreeAsync(b, NULL);
+	while (n2 < MAXH && a_mem(chunk, &handles[n2]) == 0)
+		n2++;
+	printf("with_dead_pool=%d after_free=%d\n", n1, n2);
+	return 0;
+}
+
+/* ctxlimit CHUNK: grow the malloc heap to 32 MiB (from 8), then fill;
+ * try a 2 KiB stack (264 MiB of device memory on the fake's H100 shape);
+ * shrink the heap back and fill again. */
+static int cmd_ctxlimit(uint64_t chunk)
+{
+	ctx(0);
+	int heap = A.p_cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, 32 << 20);
+	int n1 = 0, n2 = 0;
+	while (n1 < MAXH && a_mem(chunk, &handles[n1]) == 0)
+		n1++;
+	for (int i = n1; i > 0;)
+		A.p_cuMemFree_v2(handles[--i]);
+	int stack = A.p_cuCtxSetLimit(CU_LIMIT_STACK_SIZE, 2048);
+	A.p_cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, 8 << 20);
+	while (n2 < MAXH && a_mem(chunk, &handles[n2]) == 0)
+		n2++;
+	printf("heap_rc=%d with_heap=%d stack_rc=%d after_shrink=%d\n", heap, n1, stack, n2);
+	return 0;
+}
+
+/* poolsync CHUNK: 3 blocks from the default pool, freed, then a context
+ * synchronisation (the driver releases the pool's memory): what does the
+ * container see as free? */
+static int cmd_poolsync(uint64_t chunk)
+{
+	ctx(0);
+	for (int i = 0; i < 3; i++)
+		if (A.p_cuMemAllocAsync((CUdeviceptr *)&handles[i], chunk, NULL))
+			die("cuMemAllocAsync", i);
+	for (int i = 0; i < 3; i++)
+		A.p_cuMemFreeAsync(handles[i], NULL);
+	A.p_cuCtxSynchronize();
+	size_t fr = 0, tot = 0;
+	A.p_cuMemGetInfo_v2(&fr, &tot);
+	printf("free=%zu total=%zu\n", fr, tot);
+	return 0;
+}
+
+/* hostpool CHUNK: a pool located on the host: 32 chunks from it, then
+ * how many device chunks still fit. */
+static int cmd_hostpool(uint64_t chunk)
+{
+	ctx(0);
+	CUmemPoolProps pp;
+	memset(&pp, 0, sizeof pp);
+	pp.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+	pp.location.type = CU_MEM_LOCATION_TYPE_HOST;
+	CUmemoryPool pl;
+	if (A.p_cuMemPoolCreate(&pl, &pp))
+		die("cuMemPoolCreate (host)", 0);
+	int nh = 0, nd = 0;
+	CUdeviceptr b[32];
+	while (nh < 32 && A.p_cuMemAllocFromPoolAsync(&b[nh], chunk, pl, NULL) == 0)
+		nh++;
+	while (nd < MAXH && a_mem(chunk, &handles[nd]) == 0)
+		nd++;
+	printf("host=%d dev=%d\n", nh, nd);
+	return 0;
+}
+
+/* gpanewer: cuGetProcAddress_v2("cuMemGetInfo", 13020), where the fake
+ * driver answers with cuMemGetInfo_v3, an ABI the hook does not know: the
+ * pointer must come back untouched (and work with its own ABI). */
+static int cmd_gpanewer(void)
+{
+	ctx(0);
+	void *cu = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+	CUresult (*gpa2)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *) =
+		(CUresult(*)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *))dlsym(
+			cu, "cuGetProcAddress_v2");
+	void *v3 = NULL, *v2 = NULL;
+	CUdriverProcAddressQueryResult st;
+	gpa2("cuMemGetInfo", &v3, 13020, CU_GET_PROC_ADDRESS_DEFAULT, &st);
+	gpa2("cuMemGetInfo", &v2, 12080, CU_GET_PROC_ADDRESS_DEFAULT, &st);
+	size_t f = 0, t = 0;
+	CUresult rc = ((CUresult(*)(size_t *, size_t *, unsigned))v3)(&f, &t, 0);
+	/* dlsym on the driver: not a name the hook wraps, so the driver's own. */
+	printf("v3_untouched=%d v3_rc=%d v3_total=%zu v2_found=%d\n", v3 == dlsym(cu, "cuMemGetInfo_v3"), (int)rc, t,
+	       v2 != NULL);
+	return 0;
+}
+
 static int cmd_ctxgone(uint64_t chunk)
 {
 	A.p_cuInit(0);
@@ -658,6 +814,18 @@ int main(int argc, char **argv)
 		return cmd_threads(atoi(argv[3]), atol(argv[4]), strtoull(argv[5], NULL, 10));
 	if (!strcmp(c, "ctxgone"))
 		return cmd_ctxgone(a);
+	if (!strcmp(c, "pooldead"))
+		return cmd_pooldead(a);
+	if (!strcmp(c, "ctxlimit"))
+		return cmd_ctxlimit(a);
+	if (!strcmp(c, "poolsync"))
+		return cmd_poolsync(a);
+	if (!strcmp(c, "hostpool"))
+		return cmd_hostpool(a);
+	if (!strcmp(c, "gpanewer"))
+		return cmd_gpanewer();
+	if (!strcmp(c, "wrap") && argc > 4)
+		return cmd_wrap(a, atol(argv[4]));
 	if (!strcmp(c, "vmmmap"))
 		return cmd_vmmmap(a);
 	if (!strcmp(c, "exec"))
