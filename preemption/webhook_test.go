@@ -11,6 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
+	"github.com/gpupack/gpupack/preemption/policy"
 )
 
 func evictionRequest(pod string) admission.Request {
@@ -27,7 +28,7 @@ func TestEvictionHandlerHoldsUntilCheckpointed(t *testing.T) {
 	delete(plain.Annotations, v1alpha1.AnnotationCheckpoint)
 	h.c.Update(context.Background(), plain)
 	now := t0
-	wh := &EvictionHandler{Reader: h.c, Client: h.c, DefaultTimeout: time.Minute, Now: func() time.Time { return now }}
+	wh := &EvictionHandler{Reader: h.c, Client: h.c, Policy: policy.Policy{Default: time.Minute}, Now: func() time.Time { return now }}
 	ctx := context.Background()
 
 	type step struct {
@@ -67,7 +68,7 @@ func TestEvictionHandlerBudget(t *testing.T) {
 	p.Annotations[v1alpha1.AnnotationCheckpointTimeout] = "30s"
 	h := newHarness(t, p)
 	now := t0
-	wh := &EvictionHandler{Reader: h.c, Client: h.c, DefaultTimeout: time.Minute, Now: func() time.Time { return now }}
+	wh := &EvictionHandler{Reader: h.c, Client: h.c, Policy: policy.Policy{Default: time.Minute}, Now: func() time.Time { return now }}
 	if resp := wh.Handle(context.Background(), evictionRequest("w0")); resp.Allowed {
 		t.Fatal("first attempt allowed")
 	}
@@ -89,5 +90,32 @@ func TestEvictionHandlerBudget(t *testing.T) {
 	wh.Handle(context.Background(), req)
 	if h2.pod("w1").Annotations[v1alpha1.AnnotationCheckpointRequest] != "" {
 		t.Error("dry-run eviction requested a checkpoint")
+	}
+}
+
+// The cluster's cap wins over a tenant's longer annotation: a drain is held
+// no longer than the policy allows for the pod's class, and the deadline
+// the agent works to is written with the request.
+func TestEvictionHandlerPolicyCapWins(t *testing.T) {
+	p := rankPod("w0")
+	p.Annotations[v1alpha1.AnnotationCheckpointTimeout] = "2h"
+	p.Labels = map[string]string{"kueue.x-k8s.io/priority-class": "batch-low"}
+	h := newHarness(t, p)
+	now := t0
+	wh := &EvictionHandler{Reader: h.c, Client: h.c, Now: func() time.Time { return now },
+		Policy: policy.Policy{Max: 10 * time.Minute, MaxByPriorityClass: map[string]time.Duration{"batch-low": 40 * time.Second}}}
+	if resp := wh.Handle(context.Background(), evictionRequest("w0")); resp.Allowed {
+		t.Fatal("first attempt allowed")
+	}
+	if got := h.pod("w0").Annotations[policy.AnnotationCheckpointDeadline]; got != t0.Add(40*time.Second).Format(time.RFC3339) {
+		t.Errorf("deadline written %q, want the request + the class cap 40s", got)
+	}
+	now = t0.Add(39 * time.Second)
+	if resp := wh.Handle(context.Background(), evictionRequest("w0")); resp.Allowed {
+		t.Fatal("allowed before the cap")
+	}
+	now = t0.Add(40 * time.Second)
+	if resp := wh.Handle(context.Background(), evictionRequest("w0")); !resp.Allowed {
+		t.Fatalf("held past the policy cap on the tenant's 2h: %+v", resp.Result)
 	}
 }
