@@ -70,6 +70,7 @@ var phaseEvent = map[ladder.Phase]string{
 // Reconciler drives the ladder for one Workload at a time.
 type Reconciler struct {
 	client   client.Client
+	reader   client.Reader // live reads (the per-rank ConfigMap); nil: client
 	recorder events.EventRecorder
 	cfg      ladder.Config
 	policy   policy.Policy
@@ -97,6 +98,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		// start over from what the API shows.
 		r.recorder.Eventf(&wl, nil, corev1.EventTypeWarning, EventBadAnnotation, "Preempt", "%v; starting the preemption record afresh", err)
 		st = ladder.State{}
+	}
+	if st.Phase != ladder.PhaseNone && st.Ranks == nil {
+		if err := r.rankStore().load(ctx, &wl, &st); err != nil {
+			if _, api := err.(apierrors.APIStatus); api {
+				return reconcile.Result{}, err
+			}
+			r.recorder.Eventf(&wl, nil, corev1.EventTypeWarning, EventBadAnnotation, "Preempt", "per-rank record: %v; continuing without it", err)
+		}
 	}
 	var podList corev1.PodList
 	if err := r.client.List(ctx, &podList, client.InNamespace(wl.Namespace), client.MatchingFields{indexPodController: string(jobUID)}); err != nil {
@@ -313,14 +322,21 @@ func priorityClassOf(wl *kueue.Workload) string {
 	return ""
 }
 
-// saveState writes (or, with nil, removes) the durable record with an
-// optimistic lock: two managers never interleave their steps.
+// saveState writes (or, with nil, removes) the durable record: the
+// per-rank part first (its ConfigMap), then the Workload annotation with
+// an optimistic lock, so two managers never interleave their steps and the
+// annotation never names a step whose ranks are not stored.
 func (r *Reconciler) saveState(ctx context.Context, wl *kueue.Workload, st *ladder.State) error {
 	base := wl.DeepCopy()
 	if st == nil {
 		delete(wl.Annotations, v1alpha1.AnnotationPreemptionPhase)
 	} else {
-		raw, err := json.Marshal(st)
+		if err := r.rankStore().save(ctx, wl, st); err != nil {
+			return fmt.Errorf("per-rank record: %w", err)
+		}
+		small := *st
+		small.Ranks, small.Outcomes = nil, nil
+		raw, err := json.Marshal(small)
 		if err != nil {
 			return err
 		}
@@ -329,7 +345,21 @@ func (r *Reconciler) saveState(ctx context.Context, wl *kueue.Workload, st *ladd
 		}
 		wl.Annotations[v1alpha1.AnnotationPreemptionPhase] = string(raw)
 	}
-	return r.client.Patch(ctx, wl, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}), client.FieldOwner(ControllerName))
+	if err := r.client.Patch(ctx, wl, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}), client.FieldOwner(ControllerName)); err != nil {
+		return err
+	}
+	if st == nil {
+		return r.rankStore().save(ctx, wl, nil)
+	}
+	return nil
+}
+
+func (r *Reconciler) rankStore() rankStore {
+	reader := r.reader
+	if reader == nil {
+		reader = r.client
+	}
+	return rankStore{reader: reader, client: r.client}
 }
 
 func equalState(a, b ladder.State) bool {

@@ -126,7 +126,7 @@ func (h *harness) state() ladder.State {
 	if err := h.c.Get(context.Background(), types.NamespacedName{Namespace: "ns", Name: "pytorchjob-train"}, &wl); err != nil {
 		h.t.Fatal(err)
 	}
-	st, err := PreemptionState(&wl)
+	st, err := PreemptionRecord(context.Background(), h.c, &wl)
 	if err != nil {
 		h.t.Fatal(err)
 	}

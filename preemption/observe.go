@@ -1,6 +1,7 @@
 package preemption
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"strconv"
@@ -10,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	kueue "sigs.k8s.io/kueue/apis/kueue/v1beta2"
 
 	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
@@ -214,9 +216,22 @@ func loadState(annotations map[string]string) (ladder.State, error) {
 }
 
 // PreemptionState returns the coordinator's durable record of a workload's
-// preemption (for tests, the CLI, and other gpupack parts).
+// preemption (for tests, the CLI, and other gpupack parts) as the Workload
+// annotation holds it: phase, reason, transitions, deadlines and the
+// consistent step, without the per-rank part (see PreemptionRecord).
 func PreemptionState(wl *kueue.Workload) (ladder.State, error) {
 	return loadState(wl.Annotations)
+}
+
+// PreemptionRecord is PreemptionState with the per-rank part (Ranks,
+// Outcomes) read through r from the ConfigMap RankRecordName(wl.Name).
+func PreemptionRecord(ctx context.Context, r client.Reader, wl *kueue.Workload) (ladder.State, error) {
+	st, err := loadState(wl.Annotations)
+	if err != nil || st.Phase == ladder.PhaseNone || st.Ranks != nil {
+		return st, err
+	}
+	err = rankStore{reader: r}.load(ctx, wl, &st)
+	return st, err
 }
 
 // ownerRef is the workload's job.

@@ -58,6 +58,7 @@ func SetupWithManager(mgr ctrl.Manager, opts Options) error {
 	}
 	r := &Reconciler{
 		client:   mgr.GetClient(),
+		reader:   mgr.GetAPIReader(),
 		recorder: mgr.GetEventRecorder(ControllerName),
 		policy:   opts.Policy,
 		cfg: ladder.Config{

@@ -190,7 +190,7 @@ func (s *suite) state(t *testing.T, job string) (ladder.State, *kueue.Workload) 
 	if err != nil || wl == nil {
 		t.Fatalf("workload of %s: %v", job, err)
 	}
-	st, err := preemption.PreemptionState(wl)
+	st, err := preemption.PreemptionRecord(s.env.Ctx, s.env.Client, wl)
 	if err != nil {
 		t.Fatal(err)
 	}
