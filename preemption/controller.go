@@ -278,6 +278,18 @@ func (r *Reconciler) evictWorkload(ctx context.Context, wl *kueue.Workload, trig
 	if apimeta.IsStatusConditionTrue(wl.Status.Conditions, kueue.WorkloadEvicted) {
 		return nil
 	}
+	// The cache may lag our own status write of a moment ago: look live
+	// before writing (and narrating) again.
+	if r.reader != nil {
+		var cur kueue.Workload
+		if err := r.reader.Get(ctx, client.ObjectKeyFromObject(wl), &cur); err != nil {
+			return err
+		}
+		if apimeta.IsStatusConditionTrue(cur.Status.Conditions, kueue.WorkloadEvicted) || !holdsQuota(&cur) {
+			return nil
+		}
+		wl = &cur
+	}
 	base := wl.DeepCopy()
 	msg := fmt.Sprintf("gpupack: %s of pod %s; evicting the whole workload so it checkpoints and restarts together", trig.Reason, trig.Pod)
 	apimeta.SetStatusCondition(&wl.Status.Conditions, metav1.Condition{

@@ -10,6 +10,7 @@ import (
 
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -63,6 +64,16 @@ func (h *EvictionHandler) Handle(ctx context.Context, req admission.Request) adm
 		// Do not block a drain on our own trouble.
 		log.FromContext(ctx).Error(err, "eviction webhook: reading pod; allowing", "pod", req.Namespace+"/"+req.Name)
 		return admission.Allowed("gpupack could not read the pod")
+	}
+	// An eviction that names another incarnation of the pod (UID
+	// precondition) fails in the API server anyway: never hold it, nor
+	// request a checkpoint of the pod that now carries the name.
+	if len(req.Object.Raw) > 0 {
+		var ev policyv1.Eviction
+		if err := json.Unmarshal(req.Object.Raw, &ev); err == nil && ev.DeleteOptions != nil && ev.DeleteOptions.Preconditions != nil &&
+			ev.DeleteOptions.Preconditions.UID != nil && *ev.DeleteOptions.Preconditions.UID != pod.UID {
+			return admission.Allowed("the eviction names another pod of this name (UID precondition)")
+		}
 	}
 	now := h.Now()
 	ep := h.evictionPod(ctx, &pod)

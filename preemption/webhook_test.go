@@ -2,12 +2,16 @@ package preemption
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"testing"
 	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
@@ -117,5 +121,31 @@ func TestEvictionHandlerPolicyCapWins(t *testing.T) {
 	now = t0.Add(40 * time.Second)
 	if resp := wh.Handle(context.Background(), evictionRequest("w0")); !resp.Allowed {
 		t.Fatalf("held past the policy cap on the tenant's 2h: %+v", resp.Result)
+	}
+}
+
+// An eviction aimed at an earlier pod of the same name (UID precondition)
+// is not held and requests no checkpoint of the pod now carrying the name.
+func TestEvictionHandlerIgnoresOtherIncarnation(t *testing.T) {
+	h := newHarness(t, rankPod("w0"))
+	wh := &EvictionHandler{Reader: h.c, Client: h.c, Now: func() time.Time { return t0 }}
+	req := evictionRequest("w0")
+	old := types.UID("uid-of-the-pod-before")
+	raw, _ := json.Marshal(policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: "w0", Namespace: "ns"},
+		DeleteOptions: &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &old}}})
+	req.Object.Raw = raw
+	if resp := wh.Handle(context.Background(), req); !resp.Allowed {
+		t.Fatalf("held: %+v", resp.Result)
+	}
+	if v := h.pod("w0").Annotations[v1alpha1.AnnotationCheckpointRequest]; v != "" {
+		t.Errorf("checkpoint requested of the replacement: %q", v)
+	}
+	// The same eviction naming this pod's UID is held as usual.
+	cur := h.pod("w0").UID
+	raw, _ = json.Marshal(policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: "w0", Namespace: "ns"},
+		DeleteOptions: &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &cur}}})
+	req.Object.Raw = raw
+	if resp := wh.Handle(context.Background(), req); resp.Allowed {
+		t.Fatal("eviction of this pod not held")
 	}
 }

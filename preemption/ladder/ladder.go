@@ -20,7 +20,7 @@ func Step(cfg Config, st State, obs Observation) Decision {
 	now := obs.Now
 	live := map[string]Pod{} // by key (UID)
 	for _, p := range obs.Pods {
-		if !p.Finished && !(len(s.Transitions) > 0 && p.Created.After(s.Transitions[0].At)) {
+		if !p.Finished && !replacement(s, p) {
 			live[p.key()] = p
 		}
 	}
@@ -112,7 +112,13 @@ func Step(cfg Config, st State, obs Observation) Decision {
 				// twice the policy's bound.
 				end := now.Add(grace)
 				if asked, ok := s.Since(PhaseCheckpointing); ok {
-					end = maxTime(now, asked.Add(grace))
+					// max(request + grace, when Checkpointing ended — at
+					// the latest its deadline, however late this step runs).
+					ended := now
+					if s.CheckpointDeadline != nil && s.CheckpointDeadline.Before(now) {
+						ended = *s.CheckpointDeadline
+					}
+					end = maxTime(ended, asked.Add(grace))
 				}
 				kd := end.Add(cfg.Slack)
 				s.KillDeadline = &kd
@@ -159,6 +165,21 @@ func Step(cfg Config, st State, obs Observation) Decision {
 		}
 	}
 	return d
+}
+
+// replacement: a pod the job controller created after the eviction began
+// (so not one of the victim's): an opted-in pod that is no rank (every
+// live opted-in pod at the eviction is one), or any pod created after the
+// eviction. Creation times have second resolution, hence the rank test
+// first: a replacement created in the eviction's second is still caught.
+func replacement(s *State, p Pod) bool {
+	if len(s.Transitions) == 0 {
+		return false
+	}
+	if _, rank := s.Ranks[p.key()]; rank {
+		return false
+	}
+	return p.OptedIn || p.Created.After(s.Transitions[0].At)
 }
 
 func (p Pod) key() string {

@@ -437,6 +437,15 @@ func TestRecreatedPodIsNotTheRank(t *testing.T) {
 	if d.State.Phase != PhaseDone {
 		t.Errorf("phase %s: the rank is gone, the replacement must not be waited for", d.State.Phase)
 	}
+	// Created in the eviction's own second (creation times are whole
+	// seconds, so it reads as before the eviction), while Killing.
+	killing := State{Phase: PhaseKilling, Transitions: []Transition{tr(PhaseCheckpointing, 500*time.Millisecond), tr(PhaseKilling, time.Minute)},
+		KillDeadline: ptr(at(time.Minute)), Ranks: map[string][]int64{"uid-1": {}}}
+	again.Created = t0
+	d = Step(cfg, killing, Observation{Now: at(61 * time.Second), Evicted: true, Pods: []Pod{again}})
+	if len(d.Actions) != 0 || d.State.Phase != PhaseDone {
+		t.Errorf("replacement created in the eviction's second: actions %+v, phase %s; want none and Done", d.Actions, d.State.Phase)
+	}
 }
 
 // A pod-level trigger ends with its pods: Done is entered (and reported)
