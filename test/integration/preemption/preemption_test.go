@@ -1037,3 +1037,57 @@ func TestDrainEvictsTheWholeWorkloadThroughKueue(t *testing.T) {
 		}
 	}
 }
+
+// A node of a running opted-in gang is lost (its kubelet stops; the node
+// lifecycle controller marks it NotReady): the coordinator evicts the whole
+// Workload through Kueue without waiting for the taint manager, bounds the
+// wait by the policy (the ranks there never answer), force-deletes what
+// the lost kubelet cannot confirm, and Kueue re-queues the workload.
+func TestNodeNotReadyEvictsTheWholeWorkload(t *testing.T) {
+	s, startCoordinator := startPreemptionSuite(t)
+	env := s.env
+	startCoordinator()
+	low := framework.MakePyTorchJob("low", s.ns, "lq", 1, 2).
+		TemplateAnnotation(v1alpha1.AnnotationCheckpoint, "true").
+		Annotation(v1alpha1.AnnotationCheckpointTimeout, "3s").Obj()
+	for _, rs := range low.Spec.PyTorchReplicaSpecs {
+		rs.Template.Spec.TerminationGracePeriodSeconds = ptr.To[int64](2)
+	}
+	env.MustCreate(t, low)
+	agent := &fakeNodeAgent{env: env, ns: s.ns, job: "low", node: "n1", noContainers: true}
+	agent.run(t)
+	s.waitRunning(t, "low", 2)
+	rec := s.trackRecord(t, "low")
+	env.SetKubelet(t, "n1", false)
+	env.Eventually(t, 3*time.Minute, "workload evicted through Kueue for the NotReady node", func() (bool, string) {
+		_, wl := s.state(t, "low")
+		c := apimeta.FindStatusCondition(wl.Status.Conditions, kueue.WorkloadEvicted)
+		return c != nil && c.Status == metav1.ConditionTrue && c.Reason == preemption.KueueEvictionReason, framework.DescribeWorkload(wl)
+	})
+	// Done may last a single reconcile here (Kueue re-admits the workload
+	// as soon as the force-deleted pods are gone): wait for its Event, and
+	// read the reason and deadlines from the last record seen.
+	env.Eventually(t, 90*time.Second, "victim preemption Done", func() (bool, string) {
+		st, wl := rec.last()
+		return wl != nil && s.eventCount(t, wl.Name, preemption.EventDone) > 0, fmt.Sprintf("phases %v, %d pods", phasesOf(st), len(s.pods(t, "low")))
+	})
+	done, wl := rec.last()
+	raw, _ := json.Marshal(done)
+	t.Logf("victim's %s, last seen: %s", v1alpha1.AnnotationPreemptionPhase, raw)
+	if got := phasesOf(done); len(got) < 3 || got[0] != ladder.PhaseCheckpointing || got[2] != ladder.PhaseKilling {
+		t.Errorf("phases %v, want Checkpointing, Terminating, Killing (the lost node confirms nothing)", got)
+	}
+	if done.Reason != preemption.ReasonNodeNotReady {
+		t.Errorf("reason %q, want %s", done.Reason, preemption.ReasonNodeNotReady)
+	}
+	asked := phaseAt(done, ladder.PhaseCheckpointing)
+	if done.KillDeadline == nil || done.KillDeadline.Sub(asked) > 8*time.Second {
+		t.Errorf("kill deadline %v after the request, want max(timeout 3s, grace 2s) + slack 5s", done.KillDeadline)
+	}
+	if n := s.eventCount(t, wl.Name, preemption.EventDone); n != 1 {
+		t.Errorf("%d %s Events, want 1", n, preemption.EventDone)
+	}
+	// The node comes back; Kueue re-admitted the workload and it runs again.
+	env.SetKubelet(t, "n1", true)
+	s.waitRunning(t, "low", 2)
+}
