@@ -185,3 +185,9 @@ func labelValue(s string) string {
 	sum := sha256.Sum256([]byte(s))
 	return s[:54] + "-" + hex.EncodeToString(sum[:4])
 }
+
+// DecodeRankRecord fills st.Ranks and st.Outcomes from the data of a
+// per-rank ConfigMap (for tests and tools that watch it).
+func DecodeRankRecord(data map[string]string, st *ladder.State) error {
+	return decodeRanks(data, st)
+}

@@ -24,8 +24,9 @@ func Step(cfg Config, st State, obs Observation) Decision {
 			live[p.key()] = p
 		}
 	}
-	if obs.Evicted && obs.PodLevel && s.Phase != PhaseDone {
+	if obs.Evicted && obs.PodLevel && s.Phase != PhaseDone && !s.WorkloadEvicted {
 		d.EvictWorkload = true
+		s.WorkloadEvicted = true
 	}
 	mergeSteps(cfg, s, obs.Pods)
 

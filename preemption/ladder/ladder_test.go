@@ -473,6 +473,11 @@ func TestPodLevelTriggerEvictsTheWorkload(t *testing.T) {
 	if !d.EvictWorkload || d.State.Phase != PhaseCheckpointing {
 		t.Fatalf("%+v, want Checkpointing and EvictWorkload", d)
 	}
+	// Once asked, never again in this preemption: a stale view of the old
+	// trigger must not evict the next admission.
+	if d2 := Step(cfg, d.State, obs); d2.EvictWorkload {
+		t.Error("the Workload's eviction asked twice")
+	}
 	obs.PodLevel = false
 	if d := Step(cfg, State{}, obs); d.EvictWorkload {
 		t.Error("Kueue's eviction asked again")

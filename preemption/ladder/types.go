@@ -56,6 +56,11 @@ type State struct {
 	Outcomes map[string]string `json:"outcomes,omitempty"`
 	// LastConsistentStep is the newest step every rank completed, once known.
 	LastConsistentStep *int64 `json:"lastConsistentStep,omitempty"`
+	// WorkloadEvicted: this preemption asked Kueue to evict the Workload
+	// (a pod-level trigger). Stored before the request is made, so it is
+	// made once: a reconcile working from a stale view of the old trigger
+	// must not evict the workload's next admission.
+	WorkloadEvicted bool `json:"workloadEvicted,omitempty"`
 }
 
 // Since returns when phase p was entered, if it was.

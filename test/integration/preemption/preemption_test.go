@@ -815,43 +815,84 @@ func (s *suite) trackPods(t *testing.T, job string) *podTracker {
 // recordTracker keeps the last preemption record (with its per-rank part)
 // seen on a job's Workload: phases like Done can be short-lived.
 type recordTracker struct {
-	mu sync.Mutex
-	st ladder.State
-	wl *kueue.Workload
+	mu    sync.Mutex
+	st    ladder.State
+	wl    *kueue.Workload
+	ranks map[string]string
 }
 
+// last is the last record seen, with the last per-rank data seen.
 func (r *recordTracker) last() (ladder.State, *kueue.Workload) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.st, r.wl
+	st := r.st
+	if r.ranks != nil {
+		if err := preemption.DecodeRankRecord(r.ranks, &st); err != nil {
+			panic(err)
+		}
+	}
+	return st, r.wl
 }
 
 func (s *suite) trackRecord(t *testing.T, job string) *recordTracker {
+	// Watches, not polls: a pod-level preemption can pass Done and be
+	// reset within a few milliseconds once Kueue re-admits the workload.
 	r := &recordTracker{}
-	stop, done := make(chan struct{}), make(chan struct{})
+	wc, err := client.NewWithWatch(s.env.Config, client.Options{Scheme: s.env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wlw, err := wc.Watch(s.env.Ctx, &kueue.WorkloadList{}, client.InNamespace(s.ns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmw, err := wc.Watch(s.env.Ctx, &corev1.ConfigMapList{}, client.InNamespace(s.ns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ranks map[string]string // the last per-rank data seen
 	go func() {
-		defer close(done)
 		for {
 			select {
-			case <-stop:
-				return
-			case <-time.After(20 * time.Millisecond):
+			case ev, ok := <-wlw.ResultChan():
+				if !ok {
+					return
+				}
+				wl, isWl := ev.Object.(*kueue.Workload)
+				if !isWl || !ownedByJob(wl, job) {
+					continue
+				}
+				st, err := preemption.PreemptionState(wl)
+				if err != nil || st.Phase == ladder.PhaseNone {
+					continue
+				}
+				r.mu.Lock()
+				r.st, r.wl = st, wl
+				r.mu.Unlock()
+			case ev, ok := <-cmw.ResultChan():
+				if !ok {
+					return
+				}
+				if cm, isCM := ev.Object.(*corev1.ConfigMap); isCM && cm.Labels[preemption.LabelRankRecordOf] != "" && len(cm.Data) > 0 {
+					r.mu.Lock()
+					ranks = cm.Data
+					r.ranks = ranks
+					r.mu.Unlock()
+				}
 			}
-			wl, err := s.env.WorkloadOf(s.ns, job, "PyTorchJob")
-			if err != nil || wl == nil {
-				continue
-			}
-			st, err := preemption.PreemptionRecord(s.env.Ctx, s.env.Client, wl)
-			if err != nil || st.Phase == ladder.PhaseNone {
-				continue
-			}
-			r.mu.Lock()
-			r.st, r.wl = st, wl
-			r.mu.Unlock()
 		}
 	}()
-	t.Cleanup(func() { close(stop); <-done })
+	t.Cleanup(func() { wlw.Stop(); cmw.Stop() })
 	return r
+}
+
+func ownedByJob(wl *kueue.Workload, job string) bool {
+	for _, o := range wl.OwnerReferences {
+		if o.Name == job {
+			return true
+		}
+	}
+	return false
 }
 
 // A drain of one node of a running 2-pod gang: the eviction webhook holds
