@@ -16,25 +16,31 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	kueue "sigs.k8s.io/kueue/apis/kueue/v1beta2"
 
 	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
 	"github.com/gpupack/gpupack/preemption/ladder"
+	"github.com/gpupack/gpupack/preemption/policy"
 )
 
 // ControllerName names the reconciler, its field owner and its Events.
@@ -48,8 +54,11 @@ const (
 	EventDone             = "PreemptionDone"
 	EventConsistentStep   = "LastConsistentCheckpoint"
 	EventBadAnnotation    = "BadPreemptionAnnotation"
+	EventEvictingWorkload = "PreemptionEvictingWorkload"
+	EventPolicyCapped     = "CheckpointTimeoutCapped"
 	indexPodController    = ".metadata.controllerUID"
 	indexWorkloadOwnerUID = ".metadata.ownerUID"
+	indexPodNode          = ".spec.nodeName"
 )
 
 var phaseEvent = map[ladder.Phase]string{
@@ -62,8 +71,10 @@ var phaseEvent = map[ladder.Phase]string{
 // Reconciler drives the ladder for one Workload at a time.
 type Reconciler struct {
 	client   client.Client
+	reader   client.Reader // live reads (the per-rank ConfigMap); nil: client
 	recorder events.EventRecorder
 	cfg      ladder.Config
+	policy   policy.Policy
 	now      func() time.Time
 
 	skipNameCheck bool
@@ -89,27 +100,47 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		r.recorder.Eventf(&wl, nil, corev1.EventTypeWarning, EventBadAnnotation, "Preempt", "%v; starting the preemption record afresh", err)
 		st = ladder.State{}
 	}
+	if st.Phase != ladder.PhaseNone && st.Ranks == nil {
+		if err := r.rankStore().load(ctx, &wl, &st); err != nil {
+			if _, api := err.(apierrors.APIStatus); api {
+				return reconcile.Result{}, err
+			}
+			r.recorder.Eventf(&wl, nil, corev1.EventTypeWarning, EventBadAnnotation, "Preempt", "per-rank record: %v; continuing without it", err)
+		}
+	}
 	var podList corev1.PodList
 	if err := r.client.List(ctx, &podList, client.InNamespace(wl.Namespace), client.MatchingFields{indexPodController: string(jobUID)}); err != nil {
 		return reconcile.Result{}, err
 	}
 	pods := podList.Items
-	reason, evicted := evictedBy(&wl, pods)
-	if st.Phase == ladder.PhaseNone && !evicted {
-		return reconcile.Result{}, nil // the common case: nothing to do
-	}
-
 	job := &metav1.PartialObjectMetadata{}
 	job.SetGroupVersionKind(schema.FromAPIVersionAndKind(apiVersion, kind))
 	jobErr := r.client.Get(ctx, types.NamespacedName{Namespace: wl.Namespace, Name: jobName}, job)
 	if jobErr != nil && !apierrors.IsNotFound(jobErr) {
 		return reconcile.Result{}, jobErr
 	}
-	timeout, err := checkpointTimeout(pods, job.Annotations, &wl)
-	if err != nil {
-		r.recorder.Eventf(&wl, nil, corev1.EventTypeWarning, EventBadAnnotation, "Preempt", "%v; using the default %v", err, r.cfg.DefaultCheckpointTimeout)
+	// Pod-level triggers count while the job lives and the preemption is
+	// not over; after Done the pods are the job's replacements.
+	podTriggers := jobErr == nil && job.DeletionTimestamp == nil && wl.DeletionTimestamp == nil && st.Phase != ladder.PhaseDone
+	trig, evicted := evictedBy(&wl, pods, podTriggers, func(node string) bool { return r.nodeReady(ctx, node) })
+	if st.Phase == ladder.PhaseNone && !evicted {
+		return reconcile.Result{}, nil // the common case: nothing to do
 	}
-	obs := ladder.Observation{Now: r.now(), Evicted: evicted, Reason: reason, CheckpointTimeout: timeout}
+
+	obs := ladder.Observation{Now: r.now(), Evicted: evicted, Reason: trig.Reason, PodLevel: trig.PodLevel && holdsQuota(&wl)}
+	if st.Phase == ladder.PhaseNone {
+		// The deadline is fixed on entering Checkpointing: work out the
+		// policy's figure only then.
+		requested, err := checkpointTimeout(pods, job.Annotations, &wl)
+		if err != nil {
+			r.recorder.Eventf(&wl, nil, corev1.EventTypeWarning, EventBadAnnotation, "Preempt", "%v; using the cluster default", err)
+		}
+		pd := r.policy.Effective(policy.Victim{PriorityClass: priorityClassOf(&wl), ClusterQueue: r.clusterQueueOf(ctx, &wl), Requested: requested})
+		obs.CheckpointTimeout = pd.Timeout
+		if requested > pd.Timeout {
+			r.recorder.Eventf(&wl, nil, corev1.EventTypeNormal, EventPolicyCapped, "Preempt", "%s %v is longer than the cluster allows for this workload; checkpointing gets %v", v1alpha1.AnnotationCheckpointTimeout, requested, pd.Timeout)
+		}
+	}
 	for i := range pods {
 		obs.Pods = append(obs.Pods, observePod(&pods[i], r.cfg.DefaultGrace))
 	}
@@ -127,12 +158,17 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 			return reconcile.Result{}, err
 		}
 	}
-	// 2. Act.
+	// 2. Act: first the whole Workload through Kueue (so the job
+	// controller stops the job rather than recreating the pods), then the
+	// pods.
 	now := obs.Now
-	for _, a := range d.Actions {
-		if err := r.act(ctx, wl.Namespace, a, now); err != nil {
-			return reconcile.Result{}, fmt.Errorf("%s pod %s/%s: %w", a.Kind, wl.Namespace, a.Pod, err)
+	if d.EvictWorkload {
+		if err := r.evictWorkload(ctx, &wl, trig, now); err != nil {
+			return reconcile.Result{}, fmt.Errorf("evicting workload %s/%s through Kueue: %w", wl.Namespace, wl.Name, err)
 		}
+	}
+	if err := r.actAll(ctx, wl.Namespace, d.Actions, now, d.State.CheckpointDeadline); err != nil {
+		return reconcile.Result{}, err
 	}
 	// 3. Record the consistent step on the job.
 	if s := d.State.LastConsistentStep; s != nil && jobErr == nil {
@@ -196,31 +232,159 @@ func describe(p ladder.Phase, st ladder.State, pods int) string {
 	return string(p)
 }
 
-func (r *Reconciler) act(ctx context.Context, ns string, a ladder.Action, now time.Time) error {
+// actParallelism bounds the pod writes of one step in flight: a
+// 4,096-rank gang is asked in a fraction of the time one-by-one takes
+// (every rank gets the same absolute deadline, so asking late shortens a
+// rank's time).
+const actParallelism = 32
+
+// actAll runs the actions (idempotent, independent) with bounded
+// parallelism and returns the first error.
+func (r *Reconciler) actAll(ctx context.Context, ns string, actions []ladder.Action, now time.Time, deadline *time.Time) error {
+	if len(actions) == 0 {
+		return nil
+	}
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		first error
+	)
+	sem := make(chan struct{}, actParallelism)
+	for _, a := range actions {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			if err := r.act(ctx, ns, a, now, deadline); err != nil {
+				mu.Lock()
+				if first == nil {
+					first = fmt.Errorf("%s pod %s/%s: %w", a.Kind, ns, a.Pod, err)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return first
+}
+
+func (r *Reconciler) act(ctx context.Context, ns string, a ladder.Action, now time.Time, deadline *time.Time) error {
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: a.Pod}}
+	var uid *types.UID
+	if a.UID != "" {
+		uid = ptr.To(types.UID(a.UID))
+	}
 	var err error
 	switch a.Kind {
 	case ladder.RequestCheckpoint:
-		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
-			v1alpha1.AnnotationCheckpointRequest: now.UTC().Format(time.RFC3339),
-		}}})
+		ann := map[string]string{v1alpha1.AnnotationCheckpointRequest: now.UTC().Format(time.RFC3339)}
+		if deadline != nil {
+			ann[policy.AnnotationCheckpointDeadline] = policy.FormatDeadline(*deadline)
+		}
+		meta := map[string]any{"annotations": ann}
+		if uid != nil {
+			meta["uid"] = *uid // a precondition: never the recreated pod of the same name
+		}
+		patch, _ := json.Marshal(map[string]any{"metadata": meta})
 		err = r.client.Patch(ctx, pod, client.RawPatch(types.MergePatchType, patch), client.FieldOwner(ControllerName))
+		if apierrors.IsConflict(err) || apierrors.IsInvalid(err) {
+			err = nil // another pod by now: the rank is gone
+		}
 	case ladder.Delete:
-		err = r.client.Delete(ctx, pod)
+		opts := []client.DeleteOption{client.Preconditions{UID: uid}}
+		if a.Grace > 0 {
+			opts = append(opts, client.GracePeriodSeconds(int64(a.Grace/time.Second)))
+		}
+		err = r.client.Delete(ctx, pod, opts...)
 	case ladder.ForceDelete:
-		err = r.client.Delete(ctx, pod, client.GracePeriodSeconds(0))
+		err = r.client.Delete(ctx, pod, client.GracePeriodSeconds(0), client.Preconditions{UID: uid})
+	}
+	if apierrors.IsConflict(err) {
+		err = nil // the UID precondition failed: the rank is gone
 	}
 	return client.IgnoreNotFound(err)
 }
 
-// saveState writes (or, with nil, removes) the durable record with an
-// optimistic lock: two managers never interleave their steps.
+// evictWorkload sets Kueue's Evicted condition on a workload Kueue still
+// has admitted, as Kueue's own eviction does: its job reconciler then
+// stops (suspends) the job, clears the admission and re-queues the
+// workload. The optimistic lock keeps Kueue's concurrent status writes.
+func (r *Reconciler) evictWorkload(ctx context.Context, wl *kueue.Workload, trig trigger, now time.Time) error {
+	if apimeta.IsStatusConditionTrue(wl.Status.Conditions, kueue.WorkloadEvicted) {
+		return nil
+	}
+	// The cache may lag our own status write of a moment ago: look live
+	// before writing (and narrating) again.
+	if r.reader != nil {
+		var cur kueue.Workload
+		if err := r.reader.Get(ctx, client.ObjectKeyFromObject(wl), &cur); err != nil {
+			return err
+		}
+		if apimeta.IsStatusConditionTrue(cur.Status.Conditions, kueue.WorkloadEvicted) || !holdsQuota(&cur) {
+			return nil
+		}
+		wl = &cur
+	}
+	base := wl.DeepCopy()
+	msg := fmt.Sprintf("gpupack: %s of pod %s; evicting the whole workload so it checkpoints and restarts together", trig.Reason, trig.Pod)
+	apimeta.SetStatusCondition(&wl.Status.Conditions, metav1.Condition{
+		Type: kueue.WorkloadEvicted, Status: metav1.ConditionTrue, Reason: KueueEvictionReason, Message: msg,
+		LastTransitionTime: metav1.NewTime(now), ObservedGeneration: wl.Generation,
+	})
+	if err := r.client.Status().Patch(ctx, wl, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}), client.FieldOwner(ControllerName)); err != nil {
+		return err
+	}
+	r.recorder.Eventf(wl, nil, corev1.EventTypeNormal, EventEvictingWorkload, "Preempt", "%s", msg)
+	return nil
+}
+
+func (r *Reconciler) nodeReady(ctx context.Context, name string) bool {
+	var n corev1.Node
+	if err := r.client.Get(ctx, types.NamespacedName{Name: name}, &n); err != nil {
+		// Gone is not ready; a read error must not evict a gang.
+		return !apierrors.IsNotFound(err)
+	}
+	return nodeIsReady(&n)
+}
+
+// clusterQueueOf: the admitting ClusterQueue, else the LocalQueue's.
+func (r *Reconciler) clusterQueueOf(ctx context.Context, wl *kueue.Workload) string {
+	if a := wl.Status.Admission; a != nil && a.ClusterQueue != "" {
+		return string(a.ClusterQueue)
+	}
+	if wl.Spec.QueueName == "" {
+		return ""
+	}
+	var lq kueue.LocalQueue
+	if err := r.client.Get(ctx, types.NamespacedName{Namespace: wl.Namespace, Name: string(wl.Spec.QueueName)}, &lq); err != nil {
+		return ""
+	}
+	return string(lq.Spec.ClusterQueue)
+}
+
+func priorityClassOf(wl *kueue.Workload) string {
+	if wl.Spec.PriorityClassRef != nil {
+		return wl.Spec.PriorityClassRef.Name
+	}
+	return ""
+}
+
+// saveState writes (or, with nil, removes) the durable record: the
+// per-rank part first (its ConfigMap), then the Workload annotation with
+// an optimistic lock, so two managers never interleave their steps and the
+// annotation never names a step whose ranks are not stored.
 func (r *Reconciler) saveState(ctx context.Context, wl *kueue.Workload, st *ladder.State) error {
 	base := wl.DeepCopy()
 	if st == nil {
 		delete(wl.Annotations, v1alpha1.AnnotationPreemptionPhase)
 	} else {
-		raw, err := json.Marshal(st)
+		if err := r.rankStore().save(ctx, wl, st); err != nil {
+			return fmt.Errorf("per-rank record: %w", err)
+		}
+		small := *st
+		small.Ranks, small.Outcomes = nil, nil
+		raw, err := json.Marshal(small)
 		if err != nil {
 			return err
 		}
@@ -229,7 +393,21 @@ func (r *Reconciler) saveState(ctx context.Context, wl *kueue.Workload, st *ladd
 		}
 		wl.Annotations[v1alpha1.AnnotationPreemptionPhase] = string(raw)
 	}
-	return r.client.Patch(ctx, wl, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}), client.FieldOwner(ControllerName))
+	if err := r.client.Patch(ctx, wl, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}), client.FieldOwner(ControllerName)); err != nil {
+		return err
+	}
+	if st == nil {
+		return r.rankStore().save(ctx, wl, nil)
+	}
+	return nil
+}
+
+func (r *Reconciler) rankStore() rankStore {
+	reader := r.reader
+	if reader == nil {
+		reader = r.client
+	}
+	return rankStore{reader: reader, client: r.client}
 }
 
 func equalState(a, b ladder.State) bool {
@@ -255,6 +433,43 @@ func (r *Reconciler) podToWorkloads(ctx context.Context, obj client.Object) []re
 	return out
 }
 
+// nodeToWorkloads maps a node to the workloads of the opted-in pods on it.
+func (r *Reconciler) nodeToWorkloads(ctx context.Context, obj client.Object) []reconcile.Request {
+	var pods corev1.PodList
+	if err := r.client.List(ctx, &pods, client.MatchingFields{indexPodNode: obj.GetName()}); err != nil {
+		return nil
+	}
+	seen := map[reconcile.Request]bool{}
+	var out []reconcile.Request
+	for i := range pods.Items {
+		if !optedIn(&pods.Items[i]) {
+			continue
+		}
+		for _, req := range r.podToWorkloads(ctx, &pods.Items[i]) {
+			if !seen[req] {
+				seen[req] = true
+				out = append(out, req)
+			}
+		}
+	}
+	return out
+}
+
+// readinessChanged passes node events whose Ready condition changed (and
+// deletions): not every heartbeat.
+func readinessChanged() predicate.Predicate {
+	return predicate.Funcs{
+		CreateFunc:  func(event.CreateEvent) bool { return false },
+		GenericFunc: func(event.GenericEvent) bool { return false },
+		DeleteFunc:  func(event.DeleteEvent) bool { return true },
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			o, ok1 := e.ObjectOld.(*corev1.Node)
+			n, ok2 := e.ObjectNew.(*corev1.Node)
+			return ok1 && ok2 && nodeIsReady(o) != nodeIsReady(n)
+		},
+	}
+}
+
 func setupIndexes(ctx context.Context, mgr ctrl.Manager) error {
 	idx := mgr.GetFieldIndexer()
 	if err := idx.IndexField(ctx, &corev1.Pod{}, indexPodController, func(o client.Object) []string {
@@ -264,6 +479,14 @@ func setupIndexes(ctx context.Context, mgr ctrl.Manager) error {
 		return nil
 	}); err != nil {
 		return fmt.Errorf("pod index: %w", err)
+	}
+	if err := idx.IndexField(ctx, &corev1.Pod{}, indexPodNode, func(o client.Object) []string {
+		if n := o.(*corev1.Pod).Spec.NodeName; n != "" {
+			return []string{n}
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("pod node index: %w", err)
 	}
 	return idx.IndexField(ctx, &kueue.Workload{}, indexWorkloadOwnerUID, func(o client.Object) []string {
 		var uids []string
@@ -283,6 +506,7 @@ func (r *Reconciler) setup(mgr ctrl.Manager) error {
 		Named(ControllerName).
 		For(&kueue.Workload{}).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.podToWorkloads)).
+		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.nodeToWorkloads), builder.WithPredicates(readinessChanged())).
 		WithOptions(controller.Options{SkipNameValidation: skip}).
 		Complete(r)
 }

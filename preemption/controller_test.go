@@ -26,6 +26,7 @@ import (
 
 	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
 	"github.com/gpupack/gpupack/preemption/ladder"
+	"github.com/gpupack/gpupack/preemption/policy"
 )
 
 var t0 = time.Date(2026, 11, 30, 5, 0, 0, 0, time.UTC)
@@ -60,7 +61,7 @@ func preempted() metav1.Condition {
 
 func rankPod(name string) *corev1.Pod {
 	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns",
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", UID: types.UID("uid-" + name),
 			Annotations:     map[string]string{v1alpha1.AnnotationCheckpoint: "true"},
 			OwnerReferences: []metav1.OwnerReference{{APIVersion: "kubeflow.org/v1", Kind: "PyTorchJob", Name: "train", UID: jobUID, Controller: ptr.To(true)}}},
 		Spec:   corev1.PodSpec{TerminationGracePeriodSeconds: ptr.To[int64](90)},
@@ -73,6 +74,7 @@ type harness struct {
 	c      client.Client
 	rec    *events.FakeRecorder
 	clock  time.Time
+	policy policy.Policy
 	events []string
 }
 
@@ -99,7 +101,8 @@ func newHarness(t *testing.T, objs ...client.Object) *harness {
 func (h *harness) reconcile() reconcile.Result {
 	h.t.Helper()
 	r := &Reconciler{client: h.c, recorder: h.rec, now: func() time.Time { return h.clock },
-		cfg: ladder.Config{DefaultCheckpointTimeout: time.Minute, DefaultGrace: 30 * time.Second, Slack: 10 * time.Second, MaxStepsPerRank: 8}}
+		policy: h.policy,
+		cfg:    ladder.Config{DefaultCheckpointTimeout: time.Minute, DefaultGrace: 30 * time.Second, Slack: 10 * time.Second, MaxStepsPerRank: 8}}
 	res, err := r.Reconcile(context.Background(), reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "ns", Name: "pytorchjob-train"}})
 	if err != nil {
 		h.t.Fatalf("Reconcile: %v", err)
@@ -123,7 +126,7 @@ func (h *harness) state() ladder.State {
 	if err := h.c.Get(context.Background(), types.NamespacedName{Namespace: "ns", Name: "pytorchjob-train"}, &wl); err != nil {
 		h.t.Fatal(err)
 	}
-	st, err := PreemptionState(&wl)
+	st, err := PreemptionRecord(context.Background(), h.c, &wl)
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -275,7 +278,7 @@ func TestReconcileEscalatesToForceDelete(t *testing.T) {
 	h.clock = t0.Add(2 * time.Minute)
 	h.reconcile() // timeout → Terminating, graceful delete
 	st := h.state()
-	if st.Phase != ladder.PhaseTerminating || st.Outcomes["w0"] != ladder.OutcomeTimedOut {
+	if st.Phase != ladder.PhaseTerminating || st.Outcomes["uid-w0"] != ladder.OutcomeTimedOut {
 		t.Fatalf("state = %+v", st)
 	}
 	if p := h.pod("w0"); p == nil || p.DeletionTimestamp == nil {
@@ -283,7 +286,7 @@ func TestReconcileEscalatesToForceDelete(t *testing.T) {
 	}
 	h.clock = t0.Add(2*time.Minute + 90*time.Second + 10*time.Second)
 	h.reconcile()
-	if st := h.state(); st.Phase != ladder.PhaseKilling || st.Outcomes["w0"] != ladder.OutcomeKilled {
+	if st := h.state(); st.Phase != ladder.PhaseKilling || st.Outcomes["uid-w0"] != ladder.OutcomeKilled {
 		t.Fatalf("state after grace + slack = %+v", st)
 	}
 	// The finalizer goes (the node answered, or an admin), the pod is gone.
@@ -330,10 +333,51 @@ func TestEvictedBy(t *testing.T) {
 		"not opted in":     {wl: workload(), pods: []corev1.Pod{*notOpted}},
 		"drain held a pod": {wl: workload(), pods: []corev1.Pod{*drained}, want: ReasonEviction, wantOK: true},
 	}
+	deleted := rankPod("k")
+	deleted.DeletionTimestamp = ptr.To(metav1.NewTime(t0))
+	deleted.Finalizers = []string{"x"}
+	onLost := rankPod("l")
+	onLost.Spec.NodeName = "lost"
+	onGood := rankPod("g")
+	onGood.Spec.NodeName = "good"
+	finishedWl := workload(metav1.Condition{Type: kueue.WorkloadFinished, Status: metav1.ConditionTrue})
+	cases["kubectl delete pod"] = struct {
+		wl     *kueue.Workload
+		pods   []corev1.Pod
+		want   string
+		wantOK bool
+	}{wl: workload(), pods: []corev1.Pod{*deleted}, want: ReasonPodDeleted, wantOK: true}
+	cases["node NotReady"] = struct {
+		wl     *kueue.Workload
+		pods   []corev1.Pod
+		want   string
+		wantOK bool
+	}{wl: workload(), pods: []corev1.Pod{*onGood, *onLost}, want: ReasonNodeNotReady, wantOK: true}
+	cases["node Ready"] = struct {
+		wl     *kueue.Workload
+		pods   []corev1.Pod
+		want   string
+		wantOK bool
+	}{wl: workload(), pods: []corev1.Pod{*onGood}}
+	cases["finished workload: its pods' deletions are no eviction"] = struct {
+		wl     *kueue.Workload
+		pods   []corev1.Pod
+		want   string
+		wantOK bool
+	}{wl: finishedWl, pods: []corev1.Pod{*deleted}}
+	ready := func(n string) bool { return n == "good" }
 	for name, tc := range cases {
-		got, ok := evictedBy(tc.wl, tc.pods)
-		if got != tc.want || ok != tc.wantOK {
-			t.Errorf("%s: evictedBy = %q %v, want %q %v", name, got, ok, tc.want, tc.wantOK)
+		got, ok := evictedBy(tc.wl, tc.pods, true, ready)
+		if got.Reason != tc.want || ok != tc.wantOK {
+			t.Errorf("%s: evictedBy = %q %v, want %q %v", name, got.Reason, ok, tc.want, tc.wantOK)
+		}
+		kueueLevel := tc.want == ReasonKueuePreempted || tc.want == ReasonKueueEvicted
+		if ok && got.PodLevel == kueueLevel {
+			t.Errorf("%s: PodLevel %v", name, got.PodLevel)
+		}
+		// Without pod triggers (Done, job going away) only Kueue counts.
+		if got, ok := evictedBy(tc.wl, tc.pods, false, ready); ok != (tc.wantOK && kueueLevel) {
+			t.Errorf("%s: without pod triggers evictedBy = %+v %v", name, got, ok)
 		}
 	}
 }
@@ -373,5 +417,109 @@ func TestLoadStateRejectsGarbage(t *testing.T) {
 		if _, err := loadState(map[string]string{v1alpha1.AnnotationPreemptionPhase: raw}); err == nil {
 			t.Errorf("loadState(%s) accepted", raw)
 		}
+	}
+}
+
+func quotaReserved() metav1.Condition {
+	return metav1.Condition{Type: kueue.WorkloadQuotaReserved, Status: metav1.ConditionTrue, Reason: "QuotaReserved", LastTransitionTime: metav1.NewTime(t0)}
+}
+
+func (h *harness) workload() *kueue.Workload {
+	h.t.Helper()
+	var wl kueue.Workload
+	if err := h.c.Get(context.Background(), types.NamespacedName{Namespace: "ns", Name: "pytorchjob-train"}, &wl); err != nil {
+		h.t.Fatal(err)
+	}
+	return &wl
+}
+
+// The cluster's cap wins over the tenant's longer annotation, and the
+// request carries the resulting deadline for the agent.
+func TestReconcilePolicyCapWinsOverTenant(t *testing.T) {
+	j := job()
+	j.Annotations[v1alpha1.AnnotationCheckpointTimeout] = "2h"
+	wl := workload(preempted())
+	wl.Spec.PriorityClassRef = kueue.NewWorkloadPriorityClassRef("low")
+	h := newHarness(t, j, wl, rankPod("w0"))
+	h.policy = policy.Policy{Max: time.Hour, MaxByPriorityClass: map[string]time.Duration{"low": 3 * time.Minute}}
+	h.reconcile()
+	st := h.state()
+	if st.Phase != ladder.PhaseCheckpointing || !st.CheckpointDeadline.Equal(t0.Add(3*time.Minute)) {
+		t.Fatalf("state %+v, want Checkpointing until t0+3m (the class cap, not the tenant's 2h)", st)
+	}
+	if got := h.pod("w0").Annotations[policy.AnnotationCheckpointDeadline]; got != t0.Add(3*time.Minute).Format(time.RFC3339) {
+		t.Errorf("request's deadline %q, want t0+3m", got)
+	}
+	if diff := cmp.Diff([]string{EventPolicyCapped, EventCheckpointing}, h.events); diff != "" {
+		t.Errorf("events (-want +got):\n%s", diff)
+	}
+}
+
+// A pod-level trigger (here a DisruptionTarget) on a workload Kueue still
+// admits evicts the whole Workload through Kueue's Evicted condition
+// (once), and the protocol runs to Done with its results recorded.
+func TestPodLevelTriggerEvictsTheWorkloadThroughKueue(t *testing.T) {
+	d := rankPod("w0")
+	d.Status.Conditions = []corev1.PodCondition{{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue, Reason: "EvictionByEvictionAPI"}}
+	h := newHarness(t, job(), workload(quotaReserved()), d, rankPod("w1"))
+	h.reconcile()
+	wl := h.workload()
+	c := apimeta.FindStatusCondition(wl.Status.Conditions, kueue.WorkloadEvicted)
+	if c == nil || c.Status != metav1.ConditionTrue || c.Reason != KueueEvictionReason || !strings.Contains(c.Message, "w0") {
+		t.Fatalf("Evicted condition %+v, want True/%s naming the pod", c, KueueEvictionReason)
+	}
+	st := h.state()
+	if st.Phase != ladder.PhaseCheckpointing || st.Reason != ReasonDisruptionTarget || len(st.Ranks) != 2 {
+		t.Fatalf("state %+v", st)
+	}
+	if h.pod("w0").DeletionTimestamp != nil || h.pod("w1").DeletionTimestamp != nil {
+		t.Error("pods deleted while checkpointing")
+	}
+	rv := wl.ResourceVersion
+	h.clock = t0.Add(time.Second)
+	h.reconcile()
+	if got := h.workload(); got.ResourceVersion != rv {
+		t.Errorf("workload written again once Kueue's condition is set")
+	}
+	h.annotatePod("w0", v1alpha1.AnnotationCheckpointStep, "50")
+	h.annotatePod("w1", v1alpha1.AnnotationCheckpointStep, "50")
+	h.clock = t0.Add(2 * time.Second)
+	h.reconcile() // Terminating
+	h.clock = t0.Add(3 * time.Second)
+	h.reconcile() // pods gone: Done
+	if st := h.state(); st.Phase != ladder.PhaseDone || st.LastConsistentStep == nil || *st.LastConsistentStep != 50 {
+		t.Fatalf("state %+v, want Done at step 50", st)
+	}
+	if diff := cmp.Diff([]string{EventEvictingWorkload, EventCheckpointing, EventConsistentStep, EventTerminating, EventDone}, h.events); diff != "" {
+		t.Errorf("events (-want +got):\n%s", diff)
+	}
+}
+
+// A pod-level trigger that ends with its pods (no Kueue eviction to keep
+// the workload evicted): Done, the consistent step, the Event and the
+// metrics are all written before the record is reset.
+func TestPodLevelTriggerResultsAreRecorded(t *testing.T) {
+	drained := rankPod("w0")
+	drained.Annotations[v1alpha1.AnnotationCheckpointRequest] = t0.Format(time.RFC3339)
+	h := newHarness(t, job(), workload(), drained)
+	_, goneBefore := gathered(t)
+	h.reconcile()
+	h.annotatePod("w0", v1alpha1.AnnotationCheckpointStep, "9")
+	h.clock = t0.Add(time.Second)
+	h.reconcile() // Terminating: the pod is deleted, the trigger goes with it
+	h.clock = t0.Add(2 * time.Second)
+	h.reconcile()
+	if st := h.state(); st.Phase != ladder.PhaseDone {
+		t.Fatalf("phase %s, want Done recorded", st.Phase)
+	}
+	if diff := cmp.Diff([]string{EventCheckpointing, EventConsistentStep, EventTerminating, EventDone}, h.events); diff != "" {
+		t.Errorf("events (-want +got):\n%s", diff)
+	}
+	if _, gone := gathered(t); gone-goneBefore != 1 {
+		t.Errorf("eviction-to-gone observed %d times, want 1", gone-goneBefore)
+	}
+	h.reconcile()
+	if _, ok := h.workload().Annotations[v1alpha1.AnnotationPreemptionPhase]; ok {
+		t.Error("record kept after the preemption was reported")
 	}
 }

@@ -1,6 +1,7 @@
 package preemption
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"strconv"
@@ -10,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	kueue "sigs.k8s.io/kueue/apis/kueue/v1beta2"
 
 	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
@@ -23,7 +25,18 @@ const (
 	ReasonKueuePreempted   = "Preempted"        // Kueue's Preempted condition
 	ReasonDisruptionTarget = "DisruptionTarget" // a pod's DisruptionTarget condition (Volcano, taint manager…)
 	ReasonEviction         = "Eviction"         // a drain's eviction request held by the webhook
+	ReasonPodDeleted       = "PodDeleted"       // an opted-in pod deleted while its workload stays admitted (kubectl delete pod)
+	ReasonNodeNotReady     = "NodeNotReady"     // an opted-in pod's node is NotReady (or gone)
 )
+
+// KueueEvictionReason is the Evicted condition's reason the coordinator
+// sets when a pod-level trigger evicts a whole Workload through Kueue.
+// Kueue v0.17 re-queues an evicted workload at once (Requeued=True) only
+// for Preempted and NodeFailures; any other reason set by an outside
+// controller leaves it parked with Requeued=False. NodeFailures is the
+// honest one of the two for a drain or a NotReady node, and the condition's
+// message names the actual trigger.
+const KueueEvictionReason = kueue.WorkloadEvictedDueToNodeFailures
 
 // optedIn: the pod runs gpupack-ckpt.
 func optedIn(pod *corev1.Pod) bool {
@@ -80,6 +93,8 @@ func observePod(pod *corev1.Pod, defaultGrace time.Duration) ladder.Pod {
 	}
 	return ladder.Pod{
 		Name:                pod.Name,
+		UID:                 string(pod.UID),
+		Created:             pod.CreationTimestamp.Time,
 		OptedIn:             optedIn(pod),
 		Terminating:         pod.DeletionTimestamp != nil,
 		Finished:            finished(pod),
@@ -90,30 +105,66 @@ func observePod(pod *corev1.Pod, defaultGrace time.Duration) ladder.Pod {
 	}
 }
 
+// trigger is why a workload is being evicted.
+type trigger struct {
+	Reason string
+	// PodLevel: seen only on a pod (Pod names it), not on the Workload.
+	PodLevel bool
+	Pod      string
+}
+
 // evictedBy says whether (and why) a workload is being evicted: Kueue's
-// conditions first, then any live opted-in pod being disrupted or drained.
-func evictedBy(wl *kueue.Workload, pods []corev1.Pod) (string, bool) {
+// conditions first, then any live opted-in pod being disrupted, drained,
+// deleted, or on a NotReady node. podTriggers false (the workload
+// finished, its job is being deleted, the preemption is Done) looks at
+// Kueue's conditions only. nodeReady may be nil (no node trigger).
+func evictedBy(wl *kueue.Workload, pods []corev1.Pod, podTriggers bool, nodeReady func(string) bool) (trigger, bool) {
 	if apimeta.IsStatusConditionTrue(wl.Status.Conditions, kueue.WorkloadPreempted) {
-		return ReasonKueuePreempted, true
+		return trigger{Reason: ReasonKueuePreempted}, true
 	}
 	if apimeta.IsStatusConditionTrue(wl.Status.Conditions, kueue.WorkloadEvicted) {
-		return ReasonKueueEvicted, true
+		return trigger{Reason: ReasonKueueEvicted}, true
+	}
+	if !podTriggers || apimeta.IsStatusConditionTrue(wl.Status.Conditions, kueue.WorkloadFinished) {
+		return trigger{}, false
 	}
 	// Pod-level disruptions count only for opted-in pods: for the others
 	// the coordinator would only widen a one-pod disruption to the gang.
-	for i := range pods {
-		p := &pods[i]
-		if !finished(p) && optedIn(p) && disrupted(p) {
-			return ReasonDisruptionTarget, true
+	checks := []struct {
+		reason string
+		is     func(*corev1.Pod) bool
+	}{
+		{ReasonDisruptionTarget, disrupted},
+		{ReasonEviction, func(p *corev1.Pod) bool { return p.Annotations[v1alpha1.AnnotationCheckpointRequest] != "" }},
+		{ReasonPodDeleted, func(p *corev1.Pod) bool { return p.DeletionTimestamp != nil }},
+		{ReasonNodeNotReady, func(p *corev1.Pod) bool {
+			return nodeReady != nil && p.Spec.NodeName != "" && !nodeReady(p.Spec.NodeName)
+		}},
+	}
+	for _, c := range checks {
+		for i := range pods {
+			p := &pods[i]
+			if !finished(p) && optedIn(p) && c.is(p) {
+				return trigger{Reason: c.reason, PodLevel: true, Pod: p.Name}, true
+			}
 		}
 	}
-	for i := range pods {
-		p := &pods[i]
-		if !finished(p) && optedIn(p) && p.Annotations[v1alpha1.AnnotationCheckpointRequest] != "" {
-			return ReasonEviction, true
+	return trigger{}, false
+}
+
+// nodeIsReady: the node exists and its Ready condition is True.
+func nodeIsReady(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
 		}
 	}
-	return "", false
+	return false
+}
+
+// holdsQuota: Kueue has the workload admitted (or reserving quota).
+func holdsQuota(wl *kueue.Workload) bool {
+	return apimeta.IsStatusConditionTrue(wl.Status.Conditions, kueue.WorkloadQuotaReserved)
 }
 
 // checkpointTimeout is the job's gpupack.io/checkpoint-timeout, read from
@@ -165,9 +216,22 @@ func loadState(annotations map[string]string) (ladder.State, error) {
 }
 
 // PreemptionState returns the coordinator's durable record of a workload's
-// preemption (for tests, the CLI, and other gpupack parts).
+// preemption (for tests, the CLI, and other gpupack parts) as the Workload
+// annotation holds it: phase, reason, transitions, deadlines and the
+// consistent step, without the per-rank part (see PreemptionRecord).
 func PreemptionState(wl *kueue.Workload) (ladder.State, error) {
 	return loadState(wl.Annotations)
+}
+
+// PreemptionRecord is PreemptionState with the per-rank part (Ranks,
+// Outcomes) read through r from the ConfigMap RankRecordName(wl.Name).
+func PreemptionRecord(ctx context.Context, r client.Reader, wl *kueue.Workload) (ladder.State, error) {
+	st, err := loadState(wl.Annotations)
+	if err != nil || st.Phase == ladder.PhaseNone || st.Ranks != nil {
+		return st, err
+	}
+	err = rankStore{reader: r}.load(ctx, wl, &st)
+	return st, err
 }
 
 // ownerRef is the workload's job.

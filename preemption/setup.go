@@ -11,13 +11,14 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/gpupack/gpupack/preemption/ladder"
+	"github.com/gpupack/gpupack/preemption/policy"
 )
 
 // Options configure the coordinator.
 type Options struct {
-	// DefaultCheckpointTimeout applies to jobs without
-	// gpupack.io/checkpoint-timeout (default 5m).
-	DefaultCheckpointTimeout time.Duration
+	// Policy bounds how long a victim may checkpoint (defaults: see
+	// preemption/policy). The coordinator and the eviction webhook use it.
+	Policy policy.Policy
 	// DefaultGrace is used for pods without terminationGracePeriodSeconds
 	// (default 30s, Kubernetes' own default).
 	DefaultGrace time.Duration
@@ -35,9 +36,6 @@ type Options struct {
 }
 
 func (o Options) withDefaults() Options {
-	if o.DefaultCheckpointTimeout <= 0 {
-		o.DefaultCheckpointTimeout = 5 * time.Minute
-	}
 	if o.DefaultGrace <= 0 {
 		o.DefaultGrace = 30 * time.Second
 	}
@@ -60,9 +58,11 @@ func SetupWithManager(mgr ctrl.Manager, opts Options) error {
 	}
 	r := &Reconciler{
 		client:   mgr.GetClient(),
+		reader:   mgr.GetAPIReader(),
 		recorder: mgr.GetEventRecorder(ControllerName),
+		policy:   opts.Policy,
 		cfg: ladder.Config{
-			DefaultCheckpointTimeout: opts.DefaultCheckpointTimeout,
+			DefaultCheckpointTimeout: opts.Policy.Effective(policy.Victim{}).Timeout,
 			DefaultGrace:             opts.DefaultGrace,
 			Slack:                    opts.Slack,
 			MaxStepsPerRank:          8,
@@ -70,18 +70,24 @@ func SetupWithManager(mgr ctrl.Manager, opts Options) error {
 		now:           opts.Now,
 		skipNameCheck: opts.SkipNameValidation,
 	}
+	if err := opts.Policy.Validate(); err != nil {
+		return err
+	}
 	if err := r.setup(mgr); err != nil {
 		return err
 	}
 	if opts.EvictionWebhook {
-		mgr.GetWebhookServer().Register(EvictionWebhookPath, &webhook.Admission{Handler: &EvictionHandler{
-			Reader:         mgr.GetAPIReader(),
-			Client:         mgr.GetClient(),
-			DefaultTimeout: opts.DefaultCheckpointTimeout,
-			Now:            opts.Now,
-		}})
+		h := NewEvictionHandler(mgr, opts.Policy)
+		h.Now = opts.Now
+		mgr.GetWebhookServer().Register(EvictionWebhookPath, &webhook.Admission{Handler: h})
 	}
 	return nil
+}
+
+// NewEvictionHandler is the pods/eviction handler with mgr's clients and
+// the cluster's checkpoint policy (register it on the webhook server).
+func NewEvictionHandler(mgr ctrl.Manager, p policy.Policy) *EvictionHandler {
+	return &EvictionHandler{Reader: mgr.GetAPIReader(), Client: mgr.GetClient(), Policy: p, Now: time.Now}
 }
 
 // EvictionWebhookConfiguration is the ValidatingWebhookConfiguration for

@@ -10,15 +10,19 @@ import (
 
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+	kueue "sigs.k8s.io/kueue/apis/kueue/v1beta2"
+	kueueconstants "sigs.k8s.io/kueue/pkg/controller/constants"
 
 	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
 	"github.com/gpupack/gpupack/preemption/ladder"
+	"github.com/gpupack/gpupack/preemption/policy"
 )
 
 // EvictionWebhookPath is where the pods/eviction validating webhook is
@@ -31,14 +35,18 @@ const EvictionWebhookPath = "/validate-gpupack-io-pods-eviction"
 // the pod has checkpointed or its budget is spent: the first attempt
 // requests the checkpoint (gpupack.io/checkpoint-request = now), later
 // ones get 429 with a Retry-After until the agent reports or the budget
-// (the pod's checkpoint timeout) runs out.
+// (the checkpoint policy's figure for the pod, see preemption/policy)
+// runs out.
 type EvictionHandler struct {
 	// Reader is read live (not from a cache): a drain retries every few
 	// seconds and must see the agent's report at once.
-	Reader         client.Reader
-	Client         client.Client
-	DefaultTimeout time.Duration
-	Now            func() time.Time
+	Reader client.Reader
+	// Client writes the request; it also finds the pod's Workload (through
+	// the coordinator's owner index, when the manager has it) for its
+	// priority class and ClusterQueue.
+	Client client.Client
+	Policy policy.Policy
+	Now    func() time.Time
 }
 
 var _ admission.Handler = &EvictionHandler{}
@@ -57,8 +65,19 @@ func (h *EvictionHandler) Handle(ctx context.Context, req admission.Request) adm
 		log.FromContext(ctx).Error(err, "eviction webhook: reading pod; allowing", "pod", req.Namespace+"/"+req.Name)
 		return admission.Allowed("gpupack could not read the pod")
 	}
+	// An eviction that names another incarnation of the pod (UID
+	// precondition) fails in the API server anyway: never hold it, nor
+	// request a checkpoint of the pod that now carries the name.
+	if len(req.Object.Raw) > 0 {
+		var ev policyv1.Eviction
+		if err := json.Unmarshal(req.Object.Raw, &ev); err == nil && ev.DeleteOptions != nil && ev.DeleteOptions.Preconditions != nil &&
+			ev.DeleteOptions.Preconditions.UID != nil && *ev.DeleteOptions.Preconditions.UID != pod.UID {
+			return admission.Allowed("the eviction names another pod of this name (UID precondition)")
+		}
+	}
 	now := h.Now()
-	v := ladder.Evict(h.evictionPod(&pod), now)
+	ep := h.evictionPod(ctx, &pod)
+	v := ladder.Evict(ep, now)
 	if v.Allow {
 		if optedIn(&pod) {
 			evictionsHeld.WithLabelValues("allowed").Inc()
@@ -66,8 +85,9 @@ func (h *EvictionHandler) Handle(ctx context.Context, req admission.Request) adm
 		return admission.Allowed(v.Reason)
 	}
 	if v.Request && (req.DryRun == nil || !*req.DryRun) {
-		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
+		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"uid": pod.UID, "annotations": map[string]string{
 			v1alpha1.AnnotationCheckpointRequest: now.UTC().Format(time.RFC3339),
+			policy.AnnotationCheckpointDeadline:  policy.FormatDeadline(now.Add(ep.Budget)),
 		}}})
 		if err := h.Client.Patch(ctx, &pod, client.RawPatch(types.MergePatchType, patch), client.FieldOwner(ControllerName)); err != nil {
 			log.FromContext(ctx).Error(err, "eviction webhook: requesting a checkpoint; allowing", "pod", req.Namespace+"/"+req.Name)
@@ -88,14 +108,16 @@ func (h *EvictionHandler) Handle(ctx context.Context, req admission.Request) adm
 	}}
 }
 
-func (h *EvictionHandler) evictionPod(pod *corev1.Pod) ladder.EvictionPod {
+func (h *EvictionHandler) evictionPod(ctx context.Context, pod *corev1.Pod) ladder.EvictionPod {
 	_, reported := reportedSteps(pod)
-	budget := h.DefaultTimeout
+	var requested time.Duration
 	if v, ok := pod.Annotations[v1alpha1.AnnotationCheckpointTimeout]; ok {
 		if d, err := parseTimeout(v); err == nil {
-			budget = d
+			requested = d
 		}
 	}
+	pc, cq := h.classOf(ctx, pod)
+	budget := h.Policy.Effective(policy.Victim{PriorityClass: pc, ClusterQueue: cq, Requested: requested}).Timeout
 	var reqAt time.Time
 	if v := pod.Annotations[v1alpha1.AnnotationCheckpointRequest]; v != "" {
 		if t, err := time.Parse(time.RFC3339, v); err == nil {
@@ -104,6 +126,13 @@ func (h *EvictionHandler) evictionPod(pod *corev1.Pod) ladder.EvictionPod {
 			// Set by someone else in another format: count the budget
 			// from the pod's creation so the drain is never held forever.
 			reqAt = pod.CreationTimestamp.Time
+		}
+		// A deadline already written (by the coordinator, or by the
+		// first attempt) is the one the agent works to: never hold past it.
+		if v, ok := pod.Annotations[policy.AnnotationCheckpointDeadline]; ok {
+			if dl, err := policy.ParseDeadline(v); err == nil {
+				budget = max(0, min(budget, dl.Sub(reqAt)))
+			}
 		}
 	}
 	return ladder.EvictionPod{
@@ -114,4 +143,35 @@ func (h *EvictionHandler) evictionPod(pod *corev1.Pod) ladder.EvictionPod {
 		Reported:    reported,
 		Budget:      budget,
 	}
+}
+
+// classOf finds the priority class and ClusterQueue the policy keys on:
+// from the pod's Workload when the coordinator's index finds it, else from
+// the pod's own labels and priority class.
+func (h *EvictionHandler) classOf(ctx context.Context, pod *corev1.Pod) (priorityClass, clusterQueue string) {
+	priorityClass = pod.Labels[kueueconstants.WorkloadPriorityClassLabel]
+	if priorityClass == "" {
+		priorityClass = pod.Spec.PriorityClassName
+	}
+	queue := pod.Labels[kueueconstants.QueueLabel]
+	if ref := metav1.GetControllerOf(pod); ref != nil && h.Client != nil {
+		var wls kueue.WorkloadList
+		if err := h.Client.List(ctx, &wls, client.InNamespace(pod.Namespace), client.MatchingFields{indexWorkloadOwnerUID: string(ref.UID)}); err == nil && len(wls.Items) > 0 {
+			wl := &wls.Items[0]
+			if pc := priorityClassOf(wl); pc != "" {
+				priorityClass = pc
+			}
+			if a := wl.Status.Admission; a != nil && a.ClusterQueue != "" {
+				return priorityClass, string(a.ClusterQueue)
+			}
+			queue = string(wl.Spec.QueueName)
+		}
+	}
+	if queue != "" && h.Reader != nil {
+		var lq kueue.LocalQueue
+		if err := h.Reader.Get(ctx, types.NamespacedName{Namespace: pod.Namespace, Name: queue}, &lq); err == nil {
+			clusterQueue = string(lq.Spec.ClusterQueue)
+		}
+	}
+	return priorityClass, clusterQueue
 }

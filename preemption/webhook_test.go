@@ -2,15 +2,20 @@ package preemption
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"testing"
 	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
+	"github.com/gpupack/gpupack/preemption/policy"
 )
 
 func evictionRequest(pod string) admission.Request {
@@ -27,7 +32,7 @@ func TestEvictionHandlerHoldsUntilCheckpointed(t *testing.T) {
 	delete(plain.Annotations, v1alpha1.AnnotationCheckpoint)
 	h.c.Update(context.Background(), plain)
 	now := t0
-	wh := &EvictionHandler{Reader: h.c, Client: h.c, DefaultTimeout: time.Minute, Now: func() time.Time { return now }}
+	wh := &EvictionHandler{Reader: h.c, Client: h.c, Policy: policy.Policy{Default: time.Minute}, Now: func() time.Time { return now }}
 	ctx := context.Background()
 
 	type step struct {
@@ -67,7 +72,7 @@ func TestEvictionHandlerBudget(t *testing.T) {
 	p.Annotations[v1alpha1.AnnotationCheckpointTimeout] = "30s"
 	h := newHarness(t, p)
 	now := t0
-	wh := &EvictionHandler{Reader: h.c, Client: h.c, DefaultTimeout: time.Minute, Now: func() time.Time { return now }}
+	wh := &EvictionHandler{Reader: h.c, Client: h.c, Policy: policy.Policy{Default: time.Minute}, Now: func() time.Time { return now }}
 	if resp := wh.Handle(context.Background(), evictionRequest("w0")); resp.Allowed {
 		t.Fatal("first attempt allowed")
 	}
@@ -89,5 +94,58 @@ func TestEvictionHandlerBudget(t *testing.T) {
 	wh.Handle(context.Background(), req)
 	if h2.pod("w1").Annotations[v1alpha1.AnnotationCheckpointRequest] != "" {
 		t.Error("dry-run eviction requested a checkpoint")
+	}
+}
+
+// The cluster's cap wins over a tenant's longer annotation: a drain is held
+// no longer than the policy allows for the pod's class, and the deadline
+// the agent works to is written with the request.
+func TestEvictionHandlerPolicyCapWins(t *testing.T) {
+	p := rankPod("w0")
+	p.Annotations[v1alpha1.AnnotationCheckpointTimeout] = "2h"
+	p.Labels = map[string]string{"kueue.x-k8s.io/priority-class": "batch-low"}
+	h := newHarness(t, p)
+	now := t0
+	wh := &EvictionHandler{Reader: h.c, Client: h.c, Now: func() time.Time { return now },
+		Policy: policy.Policy{Max: 10 * time.Minute, MaxByPriorityClass: map[string]time.Duration{"batch-low": 40 * time.Second}}}
+	if resp := wh.Handle(context.Background(), evictionRequest("w0")); resp.Allowed {
+		t.Fatal("first attempt allowed")
+	}
+	if got := h.pod("w0").Annotations[policy.AnnotationCheckpointDeadline]; got != t0.Add(40*time.Second).Format(time.RFC3339) {
+		t.Errorf("deadline written %q, want the request + the class cap 40s", got)
+	}
+	now = t0.Add(39 * time.Second)
+	if resp := wh.Handle(context.Background(), evictionRequest("w0")); resp.Allowed {
+		t.Fatal("allowed before the cap")
+	}
+	now = t0.Add(40 * time.Second)
+	if resp := wh.Handle(context.Background(), evictionRequest("w0")); !resp.Allowed {
+		t.Fatalf("held past the policy cap on the tenant's 2h: %+v", resp.Result)
+	}
+}
+
+// An eviction aimed at an earlier pod of the same name (UID precondition)
+// is not held and requests no checkpoint of the pod now carrying the name.
+func TestEvictionHandlerIgnoresOtherIncarnation(t *testing.T) {
+	h := newHarness(t, rankPod("w0"))
+	wh := &EvictionHandler{Reader: h.c, Client: h.c, Now: func() time.Time { return t0 }}
+	req := evictionRequest("w0")
+	old := types.UID("uid-of-the-pod-before")
+	raw, _ := json.Marshal(policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: "w0", Namespace: "ns"},
+		DeleteOptions: &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &old}}})
+	req.Object.Raw = raw
+	if resp := wh.Handle(context.Background(), req); !resp.Allowed {
+		t.Fatalf("held: %+v", resp.Result)
+	}
+	if v := h.pod("w0").Annotations[v1alpha1.AnnotationCheckpointRequest]; v != "" {
+		t.Errorf("checkpoint requested of the replacement: %q", v)
+	}
+	// The same eviction naming this pod's UID is held as usual.
+	cur := h.pod("w0").UID
+	raw, _ = json.Marshal(policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: "w0", Namespace: "ns"},
+		DeleteOptions: &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &cur}}})
+	req.Object.Raw = raw
+	if resp := wh.Handle(context.Background(), req); resp.Allowed {
+		t.Fatal("eviction of this pod not held")
 	}
 }

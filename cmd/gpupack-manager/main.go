@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"os"
 	"strings"
-	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
@@ -31,6 +30,7 @@ import (
 	"github.com/gpupack/gpupack/admissioncheck/volcano"
 	"github.com/gpupack/gpupack/cmd/internal/version"
 	"github.com/gpupack/gpupack/preemption"
+	"github.com/gpupack/gpupack/preemption/policy"
 	"github.com/gpupack/gpupack/webhooks"
 	"github.com/gpupack/gpupack/webhooks/placement"
 )
@@ -62,10 +62,15 @@ func main() {
 		certMode       = flag.String("cert-management", "internal", "webhook certificates: internal (cert-controller rotates them and injects the CA) or external (cert-manager or files in --cert-dir)")
 		namespace      = flag.String("namespace", envOr("POD_NAMESPACE", "gpupack-system"), "namespace gpupack runs in")
 		showVersion    = flag.Bool("version", false, "print the version and exit")
+		ckptDefault    = flag.Duration("checkpoint-timeout-default", policy.DefaultTimeout, "checkpoint time a preempted or drained victim gets when it sets no gpupack.io/checkpoint-timeout")
+		ckptMax        = flag.Duration("checkpoint-timeout-max", policy.DefaultMax, "longest checkpoint time any victim gets, whatever its annotation asks (unless an entry below names its class or queue)")
+		ckptByPC       = flag.String("checkpoint-timeout-max-by-priority-class", "", "per (Workload or pod) priority class caps, name=duration,… (replace --checkpoint-timeout-max for that class)")
+		ckptByCQ       = flag.String("checkpoint-timeout-max-by-cluster-queue", "", "per ClusterQueue caps, name=duration,… (with a priority-class cap too, the smaller wins)")
 	)
 	zopts := zap.Options{}
 	zopts.BindFlags(flag.CommandLine)
 	flag.Parse()
+	ckptPolicy := policy.Policy{Default: *ckptDefault, Max: *ckptMax}
 	if *showVersion {
 		fmt.Println(version.String())
 		return
@@ -73,6 +78,17 @@ func main() {
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zopts)))
 	log := ctrl.Log.WithName("setup")
 	log.Info("starting", "version", version.String())
+	var perr error
+	if ckptPolicy.MaxByPriorityClass, perr = policy.ParseCaps(*ckptByPC); perr == nil {
+		ckptPolicy.MaxByClusterQueue, perr = policy.ParseCaps(*ckptByCQ)
+	}
+	if perr == nil {
+		perr = ckptPolicy.Validate()
+	}
+	if perr != nil {
+		log.Error(perr, "checkpoint policy flags")
+		os.Exit(1)
+	}
 
 	scheme := runtime.NewScheme()
 	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
@@ -101,6 +117,11 @@ func main() {
 		if err != nil {
 			log.Error(err, "reading webhook configuration")
 			os.Exit(1)
+		}
+		// One policy: the pod webhook must not refuse a timeout that some
+		// priority class or ClusterQueue is allowed.
+		if l := ckptPolicy.Longest(); cfg.Checkpoint.MaxTimeout.Duration < l {
+			cfg.Checkpoint.MaxTimeout.Duration = l
 		}
 		serve, err := webhooks.DefaultServeOptions().WithFastPath(cfg)
 		if err != nil {
@@ -139,9 +160,7 @@ func main() {
 				os.Exit(1)
 			}
 			if *evictionHook {
-				mgr.GetWebhookServer().Register(preemption.EvictionWebhookPath, &webhook.Admission{Handler: &preemption.EvictionHandler{
-					Reader: mgr.GetAPIReader(), Client: mgr.GetClient(), DefaultTimeout: 5 * time.Minute, Now: time.Now,
-				}})
+				mgr.GetWebhookServer().Register(preemption.EvictionWebhookPath, &webhook.Admission{Handler: preemption.NewEvictionHandler(mgr, ckptPolicy)})
 			}
 		}()
 		if err := placement.Setup(mgr); err != nil {
@@ -162,7 +181,7 @@ func main() {
 		}
 	}
 	if *enablePreempt {
-		if err := preemption.SetupWithManager(mgr, preemption.Options{}); err != nil {
+		if err := preemption.SetupWithManager(mgr, preemption.Options{Policy: ckptPolicy}); err != nil {
 			log.Error(err, "setting up the preemption coordinator")
 			os.Exit(1)
 		}

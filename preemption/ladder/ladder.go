@@ -18,11 +18,15 @@ func Step(cfg Config, st State, obs Observation) Decision {
 	d := Decision{State: clone(st)}
 	s := &d.State
 	now := obs.Now
-	live := map[string]Pod{}
+	live := map[string]Pod{} // by key (UID)
 	for _, p := range obs.Pods {
-		if !p.Finished {
-			live[p.Name] = p
+		if !p.Finished && !replacement(s, p) {
+			live[p.key()] = p
 		}
+	}
+	if obs.Evicted && obs.PodLevel && s.Phase != PhaseDone && !s.WorkloadEvicted {
+		d.EvictWorkload = true
+		s.WorkloadEvicted = true
 	}
 	mergeSteps(cfg, s, obs.Pods)
 
@@ -44,7 +48,7 @@ func Step(cfg Config, st State, obs Observation) Decision {
 					if s.Ranks == nil {
 						s.Ranks = map[string][]int64{}
 					}
-					s.Ranks[p.Name] = capSteps(cfg, p.Steps)
+					s.Ranks[p.key()] = capSteps(cfg, p.Steps)
 				}
 			}
 			if len(s.Ranks) == 0 {
@@ -73,9 +77,9 @@ func Step(cfg Config, st State, obs Observation) Decision {
 				}
 			}
 			if waiting && now.Before(*s.CheckpointDeadline) {
-				for _, name := range slices.Sorted(maps.Keys(s.Ranks)) {
-					if p, ok := live[name]; ok && !p.CheckpointRequested {
-						d.Actions = append(d.Actions, Action{Kind: RequestCheckpoint, Pod: name})
+				for _, key := range slices.Sorted(maps.Keys(s.Ranks)) {
+					if p, ok := live[key]; ok && !p.CheckpointRequested {
+						d.Actions = append(d.Actions, Action{Kind: RequestCheckpoint, Pod: p.Name, UID: p.UID})
 					}
 				}
 				d.RequeueAfter = s.CheckpointDeadline.Sub(now)
@@ -102,13 +106,32 @@ func Step(cfg Config, st State, obs Observation) Decision {
 					}
 					grace = max(grace, g)
 				}
-				kd := now.Add(grace + cfg.Slack)
+				// The grace runs from the checkpoint request: that is when
+				// each rank's agent started its own clock (SIGKILL at
+				// request + grace − margin). Counting it again from now
+				// would hold a lost node's GPUs for timeout + grace, about
+				// twice the policy's bound.
+				end := now.Add(grace)
+				if asked, ok := s.Since(PhaseCheckpointing); ok {
+					// max(request + grace, when Checkpointing ended — at
+					// the latest its deadline, however late this step runs).
+					ended := now
+					if s.CheckpointDeadline != nil && s.CheckpointDeadline.Before(now) {
+						ended = *s.CheckpointDeadline
+					}
+					end = maxTime(ended, asked.Add(grace))
+				}
+				kd := end.Add(cfg.Slack)
 				s.KillDeadline = &kd
 			}
 			if now.Before(*s.KillDeadline) {
-				for _, name := range slices.Sorted(maps.Keys(live)) {
-					if !live[name].Terminating {
-						d.Actions = append(d.Actions, Action{Kind: Delete, Pod: name})
+				var left time.Duration
+				if _, ok := s.Since(PhaseCheckpointing); ok {
+					left = max(time.Second, s.KillDeadline.Add(-cfg.Slack).Sub(now).Round(time.Second))
+				}
+				for _, key := range slices.Sorted(maps.Keys(live)) {
+					if p := live[key]; !p.Terminating {
+						d.Actions = append(d.Actions, Action{Kind: Delete, Pod: p.Name, UID: p.UID, Grace: left})
 					}
 				}
 				d.RequeueAfter = s.KillDeadline.Sub(now)
@@ -121,23 +144,57 @@ func Step(cfg Config, st State, obs Observation) Decision {
 				enter(PhaseDone)
 				continue
 			}
-			for _, name := range slices.Sorted(maps.Keys(live)) {
-				d.Actions = append(d.Actions, Action{Kind: ForceDelete, Pod: name})
-				if _, rank := s.Ranks[name]; rank && s.Outcomes[name] != OutcomeSaved {
-					setOutcome(s, name, OutcomeKilled)
+			for _, key := range slices.Sorted(maps.Keys(live)) {
+				p := live[key]
+				d.Actions = append(d.Actions, Action{Kind: ForceDelete, Pod: p.Name, UID: p.UID})
+				if _, rank := s.Ranks[key]; rank && s.Outcomes[key] != OutcomeSaved {
+					setOutcome(s, key, OutcomeKilled)
 				}
 			}
 			d.RequeueAfter = killRecheck
 			return d
 
 		case PhaseDone:
-			if !obs.Evicted {
+			// Reset only in a later step than the one that entered Done:
+			// a pod-level trigger ends with its pods, and resetting at
+			// once would drop the consistent step, the Event and the
+			// metrics of that preemption.
+			if !obs.Evicted && !slices.Contains(d.Entered, PhaseDone) {
 				d.Reset = true
 			}
 			return d
 		}
 	}
 	return d
+}
+
+// replacement: a pod the job controller created after the eviction began
+// (so not one of the victim's): an opted-in pod that is no rank (every
+// live opted-in pod at the eviction is one), or any pod created after the
+// eviction. Creation times have second resolution, hence the rank test
+// first: a replacement created in the eviction's second is still caught.
+func replacement(s *State, p Pod) bool {
+	if len(s.Transitions) == 0 {
+		return false
+	}
+	if _, rank := s.Ranks[p.key()]; rank {
+		return false
+	}
+	return p.OptedIn || p.Created.After(s.Transitions[0].At)
+}
+
+func (p Pod) key() string {
+	if p.UID != "" {
+		return p.UID
+	}
+	return p.Name
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 func setOutcome(s *State, rank, outcome string) {
@@ -151,11 +208,11 @@ func setOutcome(s *State, rank, outcome string) {
 // recomputes the consistent step.
 func mergeSteps(cfg Config, s *State, pods []Pod) {
 	for _, p := range pods {
-		old, ok := s.Ranks[p.Name]
+		old, ok := s.Ranks[p.key()]
 		if !ok || len(p.Steps) == 0 {
 			continue
 		}
-		s.Ranks[p.Name] = capSteps(cfg, append(slices.Clone(old), p.Steps...))
+		s.Ranks[p.key()] = capSteps(cfg, append(slices.Clone(old), p.Steps...))
 	}
 	if step, ok := LastConsistent(s.Ranks); ok {
 		s.LastConsistentStep = &step

@@ -3,6 +3,7 @@ package ladder
 import (
 	"encoding/json"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -70,7 +71,7 @@ func TestStep(t *testing.T) {
 			want: Decision{
 				State:        checkpointing(),
 				Entered:      []Phase{PhaseCheckpointing},
-				Actions:      []Action{{RequestCheckpoint, "a"}, {RequestCheckpoint, "b"}},
+				Actions:      []Action{{Kind: RequestCheckpoint, Pod: "a"}, {Kind: RequestCheckpoint, Pod: "b"}},
 				RequeueAfter: 60 * time.Second,
 			},
 		},
@@ -80,7 +81,7 @@ func TestStep(t *testing.T) {
 				State: State{Phase: PhaseCheckpointing, Reason: "Preempted", Transitions: []Transition{tr(PhaseCheckpointing, 0)},
 					CheckpointDeadline: ptr(at(5 * time.Minute)), Ranks: map[string][]int64{"a": {}}},
 				Entered:      []Phase{PhaseCheckpointing},
-				Actions:      []Action{{RequestCheckpoint, "a"}},
+				Actions:      []Action{{Kind: RequestCheckpoint, Pod: "a"}},
 				RequeueAfter: 5 * time.Minute,
 			},
 		},
@@ -90,7 +91,7 @@ func TestStep(t *testing.T) {
 				State: State{Phase: PhaseTerminating, Reason: "Evicted", Transitions: []Transition{tr(PhaseTerminating, 0)},
 					KillDeadline: ptr(at(40 * time.Second))},
 				Entered:      []Phase{PhaseTerminating},
-				Actions:      []Action{{Delete, "a"}},
+				Actions:      []Action{{Kind: Delete, Pod: "a"}},
 				RequeueAfter: 40 * time.Second,
 			},
 		},
@@ -102,7 +103,7 @@ func TestStep(t *testing.T) {
 		"a rank whose request was lost is asked again": {
 			state: checkpointing(),
 			obs:   Observation{Now: at(10 * time.Second), Evicted: true, Pods: pods(rank("a").requested(), rank("b"))},
-			want:  Decision{State: checkpointing(), Actions: []Action{{RequestCheckpoint, "b"}}, RequeueAfter: 50 * time.Second},
+			want:  Decision{State: checkpointing(), Actions: []Action{{Kind: RequestCheckpoint, Pod: "b"}}, RequeueAfter: 50 * time.Second},
 		},
 		"one rank saved: keep waiting for the other": {
 			state: checkpointing(),
@@ -125,9 +126,10 @@ func TestStep(t *testing.T) {
 				s.Ranks = map[string][]int64{"a": {100, 90}, "b": {100}}
 				s.Outcomes = map[string]string{"a": OutcomeSaved, "b": OutcomeSaved}
 				s.LastConsistentStep = ptr(int64(100))
-				s.KillDeadline = ptr(at(20*time.Second + 120*time.Second + 10*time.Second))
+				// The longest grace (120 s) runs from the request at t0.
+				s.KillDeadline = ptr(at(120*time.Second + 10*time.Second))
 				return s
-			}(), Entered: []Phase{PhaseTerminating}, Actions: []Action{{Delete, "a"}, {Delete, "b"}}, RequeueAfter: 130 * time.Second},
+			}(), Entered: []Phase{PhaseTerminating}, Actions: []Action{{Kind: Delete, Pod: "a", Grace: 100 * time.Second}, {Kind: Delete, Pod: "b", Grace: 100 * time.Second}}, RequeueAfter: 110 * time.Second},
 		},
 		"ranks disagree on the newest step: the newest common one": {
 			state: checkpointing(),
@@ -140,9 +142,9 @@ func TestStep(t *testing.T) {
 				s.Ranks = map[string][]int64{"a": {110, 100}, "b": {100, 90}}
 				s.Outcomes = map[string]string{"a": OutcomeSaved, "b": OutcomeSaved}
 				s.LastConsistentStep = ptr(int64(100))
-				s.KillDeadline = ptr(at(20*time.Second + 100*time.Second))
+				s.KillDeadline = ptr(at(90*time.Second + 10*time.Second))
 				return s
-			}(), Entered: []Phase{PhaseTerminating}, RequeueAfter: 100 * time.Second},
+			}(), Entered: []Phase{PhaseTerminating}, RequeueAfter: 80 * time.Second},
 		},
 		"checkpoint timeout: the silent rank timed out, no consistent step": {
 			state: checkpointing(),
@@ -153,9 +155,9 @@ func TestStep(t *testing.T) {
 				s.Transitions = append(s.Transitions, tr(PhaseTerminating, 60*time.Second))
 				s.Ranks["a"] = []int64{100}
 				s.Outcomes = map[string]string{"a": OutcomeSaved, "b": OutcomeTimedOut}
-				s.KillDeadline = ptr(at(60*time.Second + 100*time.Second))
+				s.KillDeadline = ptr(at(90*time.Second + 10*time.Second))
 				return s
-			}(), Entered: []Phase{PhaseTerminating}, Actions: []Action{{Delete, "a"}, {Delete, "b"}}, RequeueAfter: 100 * time.Second},
+			}(), Entered: []Phase{PhaseTerminating}, Actions: []Action{{Kind: Delete, Pod: "a", Grace: 30 * time.Second}, {Kind: Delete, Pod: "b", Grace: 30 * time.Second}}, RequeueAfter: 40 * time.Second},
 		},
 		"a rank that saved and already left still counts as saved": {
 			state: func() State {
@@ -172,9 +174,9 @@ func TestStep(t *testing.T) {
 				s.Ranks = map[string][]int64{"a": {7}, "b": {7}}
 				s.Outcomes = map[string]string{"a": OutcomeSaved, "b": OutcomeSaved}
 				s.LastConsistentStep = ptr(int64(7))
-				s.KillDeadline = ptr(at(30*time.Second + 100*time.Second))
+				s.KillDeadline = ptr(at(90*time.Second + 10*time.Second))
 				return s
-			}(), Entered: []Phase{PhaseTerminating}, Actions: []Action{{Delete, "b"}}, RequeueAfter: 100 * time.Second},
+			}(), Entered: []Phase{PhaseTerminating}, Actions: []Action{{Kind: Delete, Pod: "b", Grace: 60 * time.Second}}, RequeueAfter: 70 * time.Second},
 		},
 		"every rank gone during Checkpointing: through to Done at once": {
 			state: checkpointing(),
@@ -195,7 +197,7 @@ func TestStep(t *testing.T) {
 				State: State{Phase: PhaseKilling, Transitions: []Transition{tr(PhaseTerminating, 0), tr(PhaseKilling, 41*time.Second)},
 					KillDeadline: ptr(at(40 * time.Second)), Ranks: map[string][]int64{"a": {}}, Outcomes: map[string]string{"a": OutcomeKilled}},
 				Entered:      []Phase{PhaseKilling},
-				Actions:      []Action{{ForceDelete, "a"}, {ForceDelete, "x"}},
+				Actions:      []Action{{Kind: ForceDelete, Pod: "a"}, {Kind: ForceDelete, Pod: "x"}},
 				RequeueAfter: killRecheck,
 			},
 		},
@@ -204,7 +206,7 @@ func TestStep(t *testing.T) {
 			obs:   Observation{Now: at(39 * time.Second), Evicted: true, Pods: pods(plain("a").terminating(), plain("b"))},
 			want: Decision{
 				State:        State{Phase: PhaseTerminating, Transitions: []Transition{tr(PhaseTerminating, 0)}, KillDeadline: ptr(at(40 * time.Second))},
-				Actions:      []Action{{Delete, "b"}},
+				Actions:      []Action{{Kind: Delete, Pod: "b"}},
 				RequeueAfter: time.Second,
 			},
 		},
@@ -376,5 +378,111 @@ func TestLastConsistentBruteForce(t *testing.T) {
 		if ok != wantOK || got != want {
 			t.Fatalf("LastConsistent(%v) = %d %v, brute force %d %v", ranks, got, ok, want, wantOK)
 		}
+	}
+}
+
+// A victim on a lost node (no rank answers, nothing confirms a graceful
+// delete) is force-deleted once the pods' grace — counted from the
+// checkpoint request, as each agent counts it — plus the slack has passed:
+// about the policy's bound (timeout + margin), not timeout + grace (2×).
+func TestLostNodeReleasedWithinTheBound(t *testing.T) {
+	const timeout, margin, slack = 5 * time.Minute, 30 * time.Second, 30 * time.Second
+	c := Config{DefaultGrace: 30 * time.Second, Slack: slack, MaxStepsPerRank: 4}
+	grace := timeout + margin // what the pod webhook sets
+	mk := func(terminating bool) []Pod {
+		var ps []Pod
+		for _, n := range []string{"a", "b"} {
+			p := Pod{Name: n, UID: "uid-" + n, OptedIn: true, Grace: grace, CheckpointRequested: true, Terminating: terminating}
+			ps = append(ps, p)
+		}
+		return ps
+	}
+	var st State
+	deleted := false
+	for now := t0; now.Before(t0.Add(3 * timeout)); now = now.Add(time.Second) {
+		d := Step(c, st, Observation{Now: now, Evicted: true, Reason: "Preempted", CheckpointTimeout: timeout, Pods: mk(deleted)})
+		st = d.State
+		for _, a := range d.Actions {
+			switch a.Kind {
+			case Delete:
+				deleted = true
+				if a.Grace <= 0 || now.Add(a.Grace).After(t0.Add(grace)) {
+					t.Errorf("graceful delete at %v asks for %v: past the agents' own kill at T0+%v", now.Sub(t0), a.Grace, grace)
+				}
+			case ForceDelete:
+				if got := now.Sub(t0); got > grace+slack || got < grace {
+					t.Fatalf("force delete at T0+%v, want between the grace (%v) and grace + slack (%v)", got, grace, grace+slack)
+				}
+				return
+			}
+		}
+	}
+	t.Fatal("never force-deleted")
+}
+
+// Pods are ranks by UID: the job controller's replacement of a rank (same
+// name, new UID, created after the eviction) is neither asked, nor counted
+// as the rank's answer, nor deleted, nor waited for.
+func TestRecreatedPodIsNotTheRank(t *testing.T) {
+	st := State{Phase: PhaseCheckpointing, Reason: "DisruptionTarget", Transitions: []Transition{tr(PhaseCheckpointing, 0)},
+		CheckpointDeadline: ptr(at(time.Minute)), Ranks: map[string][]int64{"uid-1": {}}}
+	again := Pod{Name: "a", UID: "uid-2", OptedIn: true, Grace: 30 * time.Second, Created: at(5 * time.Second), Reported: true, Steps: []int64{999}}
+	d := Step(cfg, st, Observation{Now: at(10 * time.Second), Evicted: true, Pods: []Pod{again}})
+	if len(d.Actions) != 0 {
+		t.Errorf("actions on the replacement pod: %+v", d.Actions)
+	}
+	if d.State.Outcomes["uid-1"] == OutcomeSaved || d.State.LastConsistentStep != nil || len(d.State.Ranks["uid-1"]) != 0 {
+		t.Errorf("the replacement's report was taken as the rank's: %+v", d.State)
+	}
+	if d.State.Phase != PhaseDone {
+		t.Errorf("phase %s: the rank is gone, the replacement must not be waited for", d.State.Phase)
+	}
+	// Created in the eviction's own second (creation times are whole
+	// seconds, so it reads as before the eviction), while Killing.
+	killing := State{Phase: PhaseKilling, Transitions: []Transition{tr(PhaseCheckpointing, 500*time.Millisecond), tr(PhaseKilling, time.Minute)},
+		KillDeadline: ptr(at(time.Minute)), Ranks: map[string][]int64{"uid-1": {}}}
+	again.Created = t0
+	d = Step(cfg, killing, Observation{Now: at(61 * time.Second), Evicted: true, Pods: []Pod{again}})
+	if len(d.Actions) != 0 || d.State.Phase != PhaseDone {
+		t.Errorf("replacement created in the eviction's second: actions %+v, phase %s; want none and Done", d.Actions, d.State.Phase)
+	}
+}
+
+// A pod-level trigger ends with its pods: Done is entered (and reported)
+// in one step, the record reset only in a later one.
+func TestDoneBeforeReset(t *testing.T) {
+	st := State{Phase: PhaseTerminating, Reason: "Eviction", Transitions: []Transition{tr(PhaseCheckpointing, 0), tr(PhaseTerminating, time.Second)},
+		KillDeadline: ptr(at(time.Minute)), Ranks: map[string][]int64{"a": {5}}, Outcomes: map[string]string{"a": OutcomeSaved}, LastConsistentStep: ptr(int64(5))}
+	d := Step(cfg, st, Observation{Now: at(2 * time.Second)}) // the trigger left with the pod
+	if d.Reset || d.State.Phase != PhaseDone || !slices.Contains(d.Entered, PhaseDone) {
+		t.Fatalf("first step: %+v, want Done entered and no reset", d)
+	}
+	if d2 := Step(cfg, d.State, Observation{Now: at(3 * time.Second)}); !d2.Reset {
+		t.Fatalf("second step: %+v, want reset", d2)
+	}
+	if d3 := Step(cfg, d.State, Observation{Now: at(3 * time.Second), Evicted: true}); d3.Reset {
+		t.Fatalf("still evicted: %+v, want no reset", d3)
+	}
+}
+
+// A pod-level trigger asks for the Workload's eviction through Kueue in
+// every phase until Done; Kueue's own eviction never does.
+func TestPodLevelTriggerEvictsTheWorkload(t *testing.T) {
+	obs := Observation{Now: t0, Evicted: true, PodLevel: true, Reason: "Eviction", Pods: pods(rank("a"))}
+	d := Step(cfg, State{}, obs)
+	if !d.EvictWorkload || d.State.Phase != PhaseCheckpointing {
+		t.Fatalf("%+v, want Checkpointing and EvictWorkload", d)
+	}
+	// Once asked, never again in this preemption: a stale view of the old
+	// trigger must not evict the next admission.
+	if d2 := Step(cfg, d.State, obs); d2.EvictWorkload {
+		t.Error("the Workload's eviction asked twice")
+	}
+	obs.PodLevel = false
+	if d := Step(cfg, State{}, obs); d.EvictWorkload {
+		t.Error("Kueue's eviction asked again")
+	}
+	if d := Step(cfg, State{Phase: PhaseDone}, Observation{Now: t0, Evicted: true, PodLevel: true}); d.EvictWorkload {
+		t.Error("EvictWorkload after Done")
 	}
 }

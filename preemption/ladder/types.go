@@ -46,14 +46,21 @@ type State struct {
 	// CheckpointDeadline ends Checkpointing; KillDeadline ends Terminating.
 	CheckpointDeadline *time.Time `json:"checkpointDeadline,omitempty"`
 	KillDeadline       *time.Time `json:"killDeadline,omitempty"`
-	// Ranks are the opted-in pods present at the eviction, with the
-	// verified steps each reported (newest first, capped). They outlive the
-	// pods, so the consistent step can be computed after they are gone.
+	// Ranks are the opted-in pods present at the eviction, by pod UID,
+	// with the verified steps each reported (newest first, capped). They
+	// outlive the pods, so the consistent step can be computed after they
+	// are gone.
 	Ranks map[string][]int64 `json:"ranks,omitempty"`
-	// Outcomes per rank: Saved, TimedOut or Killed (set on leaving a phase).
+	// Outcomes per rank (pod UID): Saved, TimedOut or Killed (set on
+	// leaving a phase).
 	Outcomes map[string]string `json:"outcomes,omitempty"`
 	// LastConsistentStep is the newest step every rank completed, once known.
 	LastConsistentStep *int64 `json:"lastConsistentStep,omitempty"`
+	// WorkloadEvicted: this preemption asked Kueue to evict the Workload
+	// (a pod-level trigger). Stored before the request is made, so it is
+	// made once: a reconcile working from a stale view of the old trigger
+	// must not evict the workload's next admission.
+	WorkloadEvicted bool `json:"workloadEvicted,omitempty"`
 }
 
 // Since returns when phase p was entered, if it was.
@@ -69,6 +76,10 @@ func (s State) Since(p Phase) (time.Time, bool) {
 // Pod is what the coordinator observes of one pod of the victim.
 type Pod struct {
 	Name string
+	// UID identifies the pod: a pod recreated under the same name by the
+	// job controller is another pod, never a rank of this preemption.
+	// Empty only in tests, where Name stands in.
+	UID string
 	// OptedIn: the pod runs gpupack-ckpt (gpupack.io/checkpoint: "true").
 	OptedIn bool
 	// Terminating: the pod has a deletionTimestamp.
@@ -85,6 +96,11 @@ type Pod struct {
 	Reported bool
 	// Grace is the pod's termination grace period.
 	Grace time.Duration
+	// Created is the pod's creation time (zero: unknown, taken as before
+	// the eviction). A pod created after the eviction began is the job
+	// controller's replacement: the preemption neither waits for it nor
+	// deletes it.
+	Created time.Time
 }
 
 // Observation is the world as the reconciler reads it now.
@@ -94,6 +110,12 @@ type Observation struct {
 	// of it is being disrupted); Reason says by what.
 	Evicted bool
 	Reason  string
+	// PodLevel: the eviction is seen only on pods (a drain, a
+	// DisruptionTarget, a pod deletion, a NotReady node) while Kueue still
+	// has the workload admitted. The decision then asks for the Workload's
+	// eviction through Kueue, so the job controller stops the job instead
+	// of recreating the pods into a fight.
+	PodLevel bool
 	// CheckpointTimeout is the job's gpupack.io/checkpoint-timeout (zero:
 	// Config.DefaultCheckpointTimeout).
 	CheckpointTimeout time.Duration
@@ -130,6 +152,13 @@ const (
 type Action struct {
 	Kind ActionKind
 	Pod  string
+	// UID is the pod's UID (a precondition of the write: a recreated pod
+	// of the same name is never touched).
+	UID string
+	// Grace, for Delete, is the grace period to ask for (0: the pod's
+	// own). After a checkpoint request the pod's grace is already running
+	// in its agent, so the delete asks only for what is left of it.
+	Grace time.Duration
 }
 
 // Outcome of one rank's checkpoint.
@@ -149,6 +178,11 @@ type Decision struct {
 	// RequeueAfter is when the next deadline falls (0: none pending).
 	RequeueAfter time.Duration
 	// Reset: the workload is no longer evicted and the preemption is over;
-	// drop the record.
+	// drop the record. Never in the step that entered Done, so the
+	// results of every preemption are written first.
 	Reset bool
+	// EvictWorkload: a pod-level trigger (drain, DisruptionTarget, pod
+	// deletion, node NotReady) while Kueue still has the workload
+	// admitted: evict the whole Workload through Kueue.
+	EvictWorkload bool
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
 	"github.com/gpupack/gpupack/flavors"
+	"github.com/gpupack/gpupack/preemption/policy"
 )
 
 // Preload modes of the hook library.
@@ -124,11 +125,17 @@ type CheckpointConfig struct {
 	Image string `json:"image,omitempty"`
 	// InstallCommand copies the binary into the shared emptyDir at /gpupack/bin.
 	InstallCommand []string `json:"installCommand,omitempty"`
-	// DefaultTimeout when the job sets no gpupack.io/checkpoint-timeout.
+	// DefaultTimeout when the job sets no gpupack.io/checkpoint-timeout
+	// (default policy.DefaultTimeout, the same figure the coordinator and
+	// the eviction webhook use).
 	DefaultTimeout metav1.Duration `json:"defaultTimeout,omitempty"`
 	// Margin is added to the timeout for terminationGracePeriodSeconds.
 	Margin metav1.Duration `json:"margin,omitempty"`
-	// MaxTimeout bounds gpupack.io/checkpoint-timeout.
+	// MaxTimeout bounds gpupack.io/checkpoint-timeout (default
+	// policy.DefaultMax; gpupack-manager raises it to the longest cap of
+	// its --checkpoint-timeout-max* flags). The coordinator caps each
+	// victim again by its priority class and ClusterQueue, and the agent
+	// stops at the deadline written with the checkpoint request.
 	MaxTimeout metav1.Duration `json:"maxTimeout,omitempty"`
 }
 
@@ -179,13 +186,13 @@ func (c *Config) applyDefaults() {
 		k.InstallCommand = []string{"cp", "/gpupack-ckpt", CkptBinary}
 	}
 	if k.DefaultTimeout.Duration == 0 {
-		k.DefaultTimeout.Duration = 20 * time.Second
+		k.DefaultTimeout.Duration = policy.DefaultTimeout
 	}
 	if k.Margin.Duration == 0 {
 		k.Margin.Duration = 30 * time.Second
 	}
 	if k.MaxTimeout.Duration == 0 {
-		k.MaxTimeout.Duration = 2 * time.Hour
+		k.MaxTimeout.Duration = policy.DefaultMax
 	}
 }
 

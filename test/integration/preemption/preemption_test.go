@@ -119,7 +119,11 @@ func (a *fakeNodeAgent) tick(t *testing.T) {
 			// order (master-0 → GPUs 0-1, worker-0 → GPUs 2-3).
 			var devs []v1alpha1.DeviceAssignment
 			for g := 2 * i; g < 2*i+2; g++ {
-				devs = append(devs, v1alpha1.DeviceAssignment{UUID: fmt.Sprintf("GPU-%s-%d", a.node, g), MemoryMiB: alloc})
+				node := a.node
+				if node == "" {
+					node = p.Spec.NodeName
+				}
+				devs = append(devs, v1alpha1.DeviceAssignment{UUID: fmt.Sprintf("GPU-%s-%d", node, g), MemoryMiB: alloc})
 			}
 			ann[v1alpha1.AnnotationDevices] = v1alpha1.FormatDevices(devs)
 			patch["metadata"] = map[string]any{"annotations": ann, "finalizers": append(p.Finalizers, containerAlive)}
@@ -190,7 +194,7 @@ func (s *suite) state(t *testing.T, job string) (ladder.State, *kueue.Workload) 
 	if err != nil || wl == nil {
 		t.Fatalf("workload of %s: %v", job, err)
 	}
-	st, err := preemption.PreemptionState(wl)
+	st, err := preemption.PreemptionRecord(s.env.Ctx, s.env.Client, wl)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -632,10 +636,17 @@ func TestPreemptedJobOnLostNodeIsKilled(t *testing.T) {
 	if got := phasesOf(done); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("phases %v, want %v", got, want)
 	}
-	// Killing starts only once the longest grace (2 s) + slack (5 s) after
-	// Terminating has passed: the kubelet's own SIGKILL gets its chance first.
-	if at := phaseAt(done, ladder.PhaseKilling).Sub(phaseAt(done, ladder.PhaseTerminating)); at < 7*time.Second {
-		t.Errorf("Killing %s after Terminating, before grace + slack (7s)", at)
+	// Killing starts only once the checkpoint timeout (3 s) and the grace
+	// (2 s, counted from the request, as each agent counts it) + slack (5 s)
+	// have passed: the kubelet's own SIGKILL gets its chance first. And no
+	// later: the GPUs of a lost node are held for about the policy's bound,
+	// not the timeout and then a whole grace again.
+	asked := phaseAt(done, ladder.PhaseCheckpointing)
+	if at := phaseAt(done, ladder.PhaseKilling).Sub(asked); at < 8*time.Second {
+		t.Errorf("Killing %s after the request, before max(timeout, grace) + slack (8s)", at)
+	}
+	if done.KillDeadline == nil || done.KillDeadline.Sub(asked) > 8*time.Second {
+		t.Errorf("kill deadline %v after the request, want max(timeout 3s, grace 2s) + slack 5s = 8s (not timeout + grace + slack)", done.KillDeadline)
 	}
 	if len(done.Outcomes) != 2 {
 		t.Errorf("outcomes %v, want both ranks", done.Outcomes)
@@ -750,4 +761,374 @@ func coordinatorWrites(p *corev1.Pod) string {
 		}
 	}
 	return out
+}
+
+// podTracker records, while a test runs, every pod of a job it sees by
+// UID: which were there at the start, which were deleted (and whether with
+// grace 0), and which appeared later.
+type podTracker struct {
+	mu      sync.Mutex
+	initial map[types.UID]string
+	later   map[types.UID]string
+	deleted map[types.UID]int // distinct deletionTimestamp values seen (a later, shorter graceful delete moves it)
+	lastDel map[types.UID]string
+}
+
+func (s *suite) trackPods(t *testing.T, job string) *podTracker {
+	tr := &podTracker{initial: map[types.UID]string{}, later: map[types.UID]string{}, deleted: map[types.UID]int{},
+		lastDel: map[types.UID]string{}}
+	for _, p := range s.pods(t, job) {
+		tr.initial[p.UID] = p.Name
+	}
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+			var pods corev1.PodList
+			if s.env.Client.List(s.env.Ctx, &pods, client.InNamespace(s.ns), client.MatchingLabels{jobNameLabel: job}) != nil {
+				continue
+			}
+			tr.mu.Lock()
+			for _, p := range pods.Items {
+				if _, ok := tr.initial[p.UID]; !ok {
+					tr.later[p.UID] = p.Name
+				}
+				if p.DeletionTimestamp != nil {
+					if v := p.DeletionTimestamp.String(); tr.lastDel[p.UID] != v {
+						tr.lastDel[p.UID] = v
+						tr.deleted[p.UID]++
+					}
+				}
+			}
+			tr.mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() { close(stop); <-done })
+	return tr
+}
+
+// recordTracker keeps the last preemption record (with its per-rank part)
+// seen on a job's Workload: phases like Done can be short-lived.
+type recordTracker struct {
+	mu    sync.Mutex
+	st    ladder.State
+	wl    *kueue.Workload
+	ranks map[string]string
+}
+
+// last is the last record seen, with the last per-rank data seen.
+func (r *recordTracker) last() (ladder.State, *kueue.Workload) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	st := r.st
+	if r.ranks != nil {
+		if err := preemption.DecodeRankRecord(r.ranks, &st); err != nil {
+			panic(err)
+		}
+	}
+	return st, r.wl
+}
+
+func (s *suite) trackRecord(t *testing.T, job string) *recordTracker {
+	// Watches, not polls: a pod-level preemption can pass Done and be
+	// reset within a few milliseconds once Kueue re-admits the workload.
+	r := &recordTracker{}
+	wc, err := client.NewWithWatch(s.env.Config, client.Options{Scheme: s.env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wlw, err := wc.Watch(s.env.Ctx, &kueue.WorkloadList{}, client.InNamespace(s.ns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmw, err := wc.Watch(s.env.Ctx, &corev1.ConfigMapList{}, client.InNamespace(s.ns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ranks map[string]string // the last per-rank data seen
+	go func() {
+		for {
+			select {
+			case ev, ok := <-wlw.ResultChan():
+				if !ok {
+					return
+				}
+				wl, isWl := ev.Object.(*kueue.Workload)
+				if !isWl || !ownedByJob(wl, job) {
+					continue
+				}
+				st, err := preemption.PreemptionState(wl)
+				if err != nil || st.Phase == ladder.PhaseNone {
+					continue
+				}
+				r.mu.Lock()
+				r.st, r.wl = st, wl
+				r.mu.Unlock()
+			case ev, ok := <-cmw.ResultChan():
+				if !ok {
+					return
+				}
+				if cm, isCM := ev.Object.(*corev1.ConfigMap); isCM && cm.Labels[preemption.LabelRankRecordOf] != "" && len(cm.Data) > 0 {
+					r.mu.Lock()
+					ranks = cm.Data
+					r.ranks = ranks
+					r.mu.Unlock()
+				}
+			}
+		}
+	}()
+	t.Cleanup(func() { wlw.Stop(); cmw.Stop() })
+	return r
+}
+
+func ownedByJob(wl *kueue.Workload, job string) bool {
+	for _, o := range wl.OwnerReferences {
+		if o.Name == job {
+			return true
+		}
+	}
+	return false
+}
+
+// A drain of one node of a running 2-pod gang: the eviction webhook holds
+// the drain and asks for a checkpoint, the coordinator evicts the whole
+// Workload through Kueue (instead of deleting pods under an admitted
+// Workload), every rank saves, the job records the consistent step, and
+// Kueue re-queues and re-admits the workload: the job is not Succeeded, no
+// pod is deleted twice or force-deleted, and the job controller's new pods
+// are left alone.
+func TestDrainEvictsTheWholeWorkloadThroughKueue(t *testing.T) {
+	env := framework.Start(t, framework.Options{Scheduler: true, TrainingOperator: true})
+	for _, n := range []string{"n1", "n2"} {
+		env.MustCreate(t, framework.MakeNode(n).GPUs(4, framework.H100).Obj())
+		env.WaitForNodeReady(t, n)
+	}
+	env.MustCreate(t, &v1alpha1.GangFitParameters{ObjectMeta: metav1.ObjectMeta{Name: "gf"}, Spec: v1alpha1.GangFitParametersSpec{
+		RetryBackoff: v1alpha1.RetryBackoff{MinSeconds: ptr.To[int32](1), MaxSeconds: ptr.To[int32](2)}}})
+	env.MustCreate(t, framework.MakeGangFitCheck("gang-fit", "gf"))
+	env.StartManager(t, func(mgr ctrl.Manager) error { return admissioncheck.Setup(mgr, admissioncheck.Options{}) })
+	whOpts := env.WebhookServer()
+	env.StartManager(t, func(mgr ctrl.Manager) error {
+		return preemption.SetupWithManager(mgr, preemption.Options{Slack: 5 * time.Second, EvictionWebhook: true, SkipNameValidation: true})
+	}, whOpts)
+	whc := preemption.EvictionWebhookConfiguration("gpupack-system", "gpupack-webhook")
+	fail := admissionregistrationv1.Fail
+	whc.Webhooks[0].FailurePolicy = &fail
+	env.InstallWebhooks(t, whOpts, whc)
+	env.WaitForAdmissionCheckActive(t, "gang-fit")
+	env.MustCreate(t, framework.MakeResourceFlavor("gpu"))
+	env.MustCreate(t, framework.MakeClusterQueue("cq").GPUFlavor("gpu", 4, framework.H100).AdmissionChecks("gang-fit").Obj())
+	s := &suite{env: env, ns: env.Namespace(t, "team")}
+	env.MustCreate(t, framework.MakeLocalQueue("lq", s.ns, "cq"))
+
+	low := framework.MakePyTorchJob("low", s.ns, "lq", 1, 2).
+		TemplateAnnotation(v1alpha1.AnnotationCheckpoint, "true").
+		Annotation(v1alpha1.AnnotationCheckpointTimeout, "60s").Obj()
+	env.MustCreate(t, low)
+	agent := &fakeNodeAgent{env: env, ns: s.ns, job: "low", answer: true}
+	agent.run(t)
+	env.Eventually(t, 90*time.Second, "low running on 4 GPUs", func() (bool, string) {
+		n := 0
+		for _, p := range s.pods(t, "low") {
+			if p.Status.Phase == corev1.PodRunning && p.Annotations[v1alpha1.AnnotationDevices] != "" && hasFinalizer(&p, containerAlive) {
+				n++
+			}
+		}
+		return n == 2, fmt.Sprintf("%d of 2 pods running with devices", n)
+	})
+	tr := s.trackPods(t, "low")
+	rec := s.trackRecord(t, "low")
+	var node string
+	for _, p := range s.pods(t, "low") {
+		if strings.Contains(p.Name, "master") {
+			node = p.Spec.NodeName
+		}
+	}
+	if node == "" {
+		t.Fatal("master pod has no node")
+	}
+
+	// kubectl drain's eviction loop (without the cordon: the gang-fit
+	// check does not read spec.unschedulable), retrying 429s.
+	var drained []corev1.Pod
+	for _, p := range s.pods(t, "low") {
+		if p.Spec.NodeName == node {
+			drained = append(drained, p)
+		}
+	}
+	drainDone := make(chan error, 1)
+	go func() {
+		for _, dp := range drained {
+			name := dp.Name
+			for deadline := time.Now().Add(90 * time.Second); ; time.Sleep(500 * time.Millisecond) {
+				// As kubectl drain: done once that pod (by UID) is going or
+				// gone; a replacement of the same name is not the target.
+				var cur corev1.Pod
+				if err := env.Client.Get(env.Ctx, client.ObjectKey{Namespace: s.ns, Name: name}, &cur); apierrors.IsNotFound(err) || (err == nil && (cur.UID != dp.UID || cur.DeletionTimestamp != nil)) {
+					break
+				}
+				err := env.Clientset.CoreV1().RESTClient().Post().Namespace(s.ns).Resource("pods").Name(name).SubResource("eviction").
+					MaxRetries(0).Body(&policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: s.ns},
+					DeleteOptions: &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &dp.UID}}}).Do(env.Ctx).Error()
+				if err == nil || apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+					break
+				}
+				if !apierrors.IsTooManyRequests(err) || time.Now().After(deadline) {
+					drainDone <- fmt.Errorf("evicting %s: %w", name, err)
+					return
+				}
+			}
+		}
+		drainDone <- nil
+	}()
+
+	env.Eventually(t, 60*time.Second, "workload evicted through Kueue", func() (bool, string) {
+		_, wl := s.state(t, "low")
+		c := apimeta.FindStatusCondition(wl.Status.Conditions, kueue.WorkloadEvicted)
+		return c != nil && c.Status == metav1.ConditionTrue && c.Reason == preemption.KueueEvictionReason, framework.DescribeWorkload(wl)
+	})
+	// Done lasts only until Kueue re-admits the workload (then the record
+	// is reset): catch it as it passes.
+	env.Eventually(t, 90*time.Second, "victim preemption Done", func() (bool, string) {
+		st, _ := rec.last()
+		return st.Phase == ladder.PhaseDone, fmt.Sprintf("phases %v, %d pods left", phasesOf(st), len(s.pods(t, "low")))
+	})
+	done, wl := rec.last()
+	raw, _ := json.Marshal(done)
+	t.Logf("victim's %s at Done: %s", v1alpha1.AnnotationPreemptionPhase, raw)
+	if err := <-drainDone; err != nil {
+		t.Fatal(err)
+	}
+	if done.Reason != preemption.ReasonEviction && done.Reason != preemption.ReasonDisruptionTarget {
+		t.Errorf("reason %q, want the drain's", done.Reason)
+	}
+	if got, want := phasesOf(done), []ladder.Phase{ladder.PhaseCheckpointing, ladder.PhaseTerminating, ladder.PhaseDone}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("phases %v, want %v", got, want)
+	}
+	tr.mu.Lock()
+	for uid := range done.Ranks {
+		if _, ok := tr.initial[types.UID(uid)]; !ok {
+			t.Errorf("rank %s is not one of the pods running at the drain %v", uid, tr.initial)
+		}
+	}
+	tr.mu.Unlock()
+	for rank, o := range done.Outcomes {
+		if o != ladder.OutcomeSaved {
+			t.Errorf("rank %s outcome %s, want Saved", rank, o)
+		}
+	}
+	for _, reason := range []string{preemption.EventEvictingWorkload, preemption.EventCheckpointing, preemption.EventDone, preemption.EventConsistentStep} {
+		if n := s.eventCount(t, wl.Name, reason); n != 1 {
+			t.Errorf("%d %s Events on the workload, want 1", n, reason)
+		}
+	}
+
+	// Kueue re-queues and re-admits it; the job controller's new pods run
+	// and are left alone.
+	s.waitRunning(t, "low", 2)
+	env.Eventually(t, 60*time.Second, "record reset after re-admission", func() (bool, string) {
+		_, wl := s.state(t, "low")
+		_, ok := wl.Annotations[v1alpha1.AnnotationPreemptionPhase]
+		return !ok && admitted(wl), framework.DescribeWorkload(wl)
+	})
+	time.Sleep(3 * time.Second) // several reconciles' worth for a wrong delete to show
+	var job kftraining.PyTorchJob
+	if err := env.Client.Get(env.Ctx, client.ObjectKey{Namespace: s.ns, Name: "low"}, &job); err != nil {
+		t.Fatal(err)
+	}
+	if got := job.Annotations[v1alpha1.AnnotationLastConsistentCheckpoint]; got != fmt.Sprint(consistentStep) {
+		t.Errorf("job %s = %q, want %d", v1alpha1.AnnotationLastConsistentCheckpoint, got, consistentStep)
+	}
+	for _, c := range job.Status.Conditions {
+		if c.Type == kftraining.JobSucceeded && c.Status == corev1.ConditionTrue {
+			t.Errorf("preempted job is Succeeded: %+v", c)
+		}
+	}
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	if len(tr.later) == 0 {
+		t.Error("never saw the job controller's new pods")
+	}
+	for uid, name := range tr.later {
+		if tr.deleted[uid] > 0 {
+			t.Errorf("new pod %s (%s) deleted after the re-admission", name, uid)
+		}
+	}
+	// (kwok, like a kubelet, confirms a graceful deletion with a grace-0
+	// delete: grace 0 on the object is no sign of the coordinator's
+	// force delete. The record says whether it escalated.)
+	for _, o := range done.Outcomes {
+		if o == ladder.OutcomeKilled {
+			t.Errorf("a rank was force-deleted in a drain where every rank saved: %v", done.Outcomes)
+		}
+	}
+	for uid, name := range tr.initial {
+		if tr.deleted[uid] == 0 {
+			// Gone between two looks is fine; still there is not.
+			for _, p := range s.pods(t, "low") {
+				if p.UID == uid {
+					t.Errorf("original pod %s still there", name)
+				}
+			}
+		}
+	}
+}
+
+// A node of a running opted-in gang is lost (its kubelet stops; the node
+// lifecycle controller marks it NotReady): the coordinator evicts the whole
+// Workload through Kueue without waiting for the taint manager, bounds the
+// wait by the policy (the ranks there never answer), force-deletes what
+// the lost kubelet cannot confirm, and Kueue re-queues the workload.
+func TestNodeNotReadyEvictsTheWholeWorkload(t *testing.T) {
+	s, startCoordinator := startPreemptionSuite(t)
+	env := s.env
+	startCoordinator()
+	low := framework.MakePyTorchJob("low", s.ns, "lq", 1, 2).
+		TemplateAnnotation(v1alpha1.AnnotationCheckpoint, "true").
+		Annotation(v1alpha1.AnnotationCheckpointTimeout, "3s").Obj()
+	for _, rs := range low.Spec.PyTorchReplicaSpecs {
+		rs.Template.Spec.TerminationGracePeriodSeconds = ptr.To[int64](2)
+	}
+	env.MustCreate(t, low)
+	agent := &fakeNodeAgent{env: env, ns: s.ns, job: "low", node: "n1", noContainers: true}
+	agent.run(t)
+	s.waitRunning(t, "low", 2)
+	rec := s.trackRecord(t, "low")
+	env.SetKubelet(t, "n1", false)
+	env.Eventually(t, 3*time.Minute, "workload evicted through Kueue for the NotReady node", func() (bool, string) {
+		_, wl := s.state(t, "low")
+		c := apimeta.FindStatusCondition(wl.Status.Conditions, kueue.WorkloadEvicted)
+		return c != nil && c.Status == metav1.ConditionTrue && c.Reason == preemption.KueueEvictionReason, framework.DescribeWorkload(wl)
+	})
+	// Done may last a single reconcile here (Kueue re-admits the workload
+	// as soon as the force-deleted pods are gone): wait for its Event, and
+	// read the reason and deadlines from the last record seen.
+	env.Eventually(t, 90*time.Second, "victim preemption Done", func() (bool, string) {
+		st, wl := rec.last()
+		return wl != nil && s.eventCount(t, wl.Name, preemption.EventDone) > 0, fmt.Sprintf("phases %v, %d pods", phasesOf(st), len(s.pods(t, "low")))
+	})
+	done, wl := rec.last()
+	raw, _ := json.Marshal(done)
+	t.Logf("victim's %s, last seen: %s", v1alpha1.AnnotationPreemptionPhase, raw)
+	if got := phasesOf(done); len(got) < 3 || got[0] != ladder.PhaseCheckpointing || got[2] != ladder.PhaseKilling {
+		t.Errorf("phases %v, want Checkpointing, Terminating, Killing (the lost node confirms nothing)", got)
+	}
+	if done.Reason != preemption.ReasonNodeNotReady {
+		t.Errorf("reason %q, want %s", done.Reason, preemption.ReasonNodeNotReady)
+	}
+	asked := phaseAt(done, ladder.PhaseCheckpointing)
+	if done.KillDeadline == nil || done.KillDeadline.Sub(asked) > 8*time.Second {
+		t.Errorf("kill deadline %v after the request, want max(timeout 3s, grace 2s) + slack 5s", done.KillDeadline)
+	}
+	if n := s.eventCount(t, wl.Name, preemption.EventDone); n != 1 {
+		t.Errorf("%d %s Events, want 1", n, preemption.EventDone)
+	}
+	// The node comes back; Kueue re-admitted the workload and it runs again.
+	env.SetKubelet(t, "n1", true)
+	s.waitRunning(t, "low", 2)
 }
