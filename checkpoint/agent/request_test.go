@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
+	"github.com/gpupack/gpupack/preemption/policy"
 )
 
 // The request's bound (cluster policy, written by the coordinator) wins
@@ -50,6 +51,35 @@ func TestRequestBoundShortensNeverLengthensTheWait(t *testing.T) {
 			a.wait(t, 20*time.Second) // killed at T0 + grace - margin
 		})
 	}
+}
+
+// The coordinator writes the request as a plain time and the policy's
+// deadline in gpupack.io/checkpoint-deadline beside it (preemption/policy):
+// the agent must stop waiting at that deadline, not at its own timeout.
+func TestCoordinatorDeadlineAnnotationBoundsTheWait(t *testing.T) {
+	py := python(t)
+	dir := t.TempDir()
+	ann, ev := filepath.Join(dir, "annotations"), filepath.Join(dir, "events")
+	a := startAgent(t, []string{
+		"--checkpoint-dir", filepath.Join(dir, "ckpt"), "--checkpoint-timeout", "8s",
+		"--grace", "12s", "--kill-margin", "1s", "--annotations-file", ann,
+		"--termination-log", "", "--poll", "50ms",
+	}, py, trainerPath(t), "--mode", "ignore", "--events", ev)
+	a.waitReady(t)
+	t0 := time.Now()
+	deadline := policy.FormatDeadline(t0.Add(2 * time.Second)) // rounded down: T0+1 s to T0+2 s
+	tmp := ann + ".new"
+	os.WriteFile(tmp, []byte(v1alpha1.AnnotationCheckpointRequest+"="+strconv.Quote(t0.UTC().Format(time.RFC3339))+"\n"+
+		policy.AnnotationCheckpointDeadline+"="+strconv.Quote(deadline)+"\n"), 0o644)
+	os.Rename(tmp, ann)
+	waitFor(t, func() bool { _, at := events(t, ev); return !at["SIGTERM"].IsZero() })
+	_, at := events(t, ev)
+	d := at["SIGTERM"].Sub(t0)
+	t.Logf("deadline %s, SIGTERM at T0+%v", deadline, d.Round(time.Millisecond))
+	if d > 3*time.Second {
+		t.Errorf("SIGTERM at T0+%v, want by the coordinator's deadline (T0+2 s at most); log:\n%s", d, a.stderr)
+	}
+	a.wait(t, 20*time.Second)
 }
 
 func TestParseRequest(t *testing.T) {

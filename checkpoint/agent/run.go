@@ -41,6 +41,7 @@ import (
 
 	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
 	"github.com/gpupack/gpupack/checkpoint/manifest"
+	"github.com/gpupack/gpupack/preemption/policy"
 )
 
 // forwarded are the signals passed on to the command's process group as
@@ -435,6 +436,16 @@ func (r *runner) checkAnnotation() {
 	b, err := ParseRequest(v)
 	if err != nil {
 		r.logf("request-unparsed", "error", fmt.Sprintf("%q", err.Error()))
+	}
+	// The coordinator and the eviction webhook write the cluster policy's
+	// deadline next to the request (preemption/policy); like the request's
+	// own bound it only ever shortens the wait.
+	if d, ok := ann[policy.AnnotationCheckpointDeadline]; ok {
+		if t, err := policy.ParseDeadline(d); err != nil {
+			r.logf("request-unparsed", "error", fmt.Sprintf("%q", err.Error()))
+		} else if b.Deadline.IsZero() || t.Before(b.Deadline) {
+			b.Deadline = t
+		}
 	}
 	src := v1alpha1.AnnotationCheckpointRequest
 	if !r.requested {
