@@ -108,6 +108,10 @@ func (h *EvictionHandler) Handle(ctx context.Context, req admission.Request) adm
 	}}
 }
 
+// requestClockSkew is how far in the future a checkpoint request's time may
+// be (the coordinator's clock against this replica's) and still count.
+const requestClockSkew = time.Minute
+
 func (h *EvictionHandler) evictionPod(ctx context.Context, pod *corev1.Pod) ladder.EvictionPod {
 	_, reported := reportedSteps(pod)
 	var requested time.Duration
@@ -120,9 +124,12 @@ func (h *EvictionHandler) evictionPod(ctx context.Context, pod *corev1.Pod) ladd
 	budget := h.Policy.Effective(policy.Victim{PriorityClass: pc, ClusterQueue: cq, Requested: requested}).Timeout
 	var reqAt time.Time
 	if v := pod.Annotations[v1alpha1.AnnotationCheckpointRequest]; v != "" {
-		if t, err := time.Parse(time.RFC3339, v); err == nil {
+		if t, err := time.Parse(time.RFC3339, v); err == nil && !t.After(h.Now().Add(requestClockSkew)) {
 			reqAt = t
 		} else {
+			// (A request "in the future" is not one gpupack wrote — a
+			// policy keeps tenants from writing it — and would hold the
+			// drain until then: count it from the pod's creation too.)
 			// Set by someone else in another format: count the budget
 			// from the pod's creation so the drain is never held forever.
 			reqAt = pod.CreationTimestamp.Time

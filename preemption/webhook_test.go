@@ -149,3 +149,27 @@ func TestEvictionHandlerIgnoresOtherIncarnation(t *testing.T) {
 		t.Fatal("eviction of this pod not held")
 	}
 }
+
+// A checkpoint request dated in the future is none the coordinator wrote (a
+// policy keeps tenants from writing it): it must not hold a drain until
+// then. It counts from the pod's creation instead.
+func TestEvictionHandlerFutureRequestDoesNotHoldTheDrain(t *testing.T) {
+	p := rankPod("w0")
+	p.CreationTimestamp = metav1.NewTime(t0.Add(-time.Hour))
+	p.Annotations[v1alpha1.AnnotationCheckpointRequest] = "2099-01-01T00:00:00Z"
+	h := newHarness(t, p)
+	now := t0
+	wh := &EvictionHandler{Reader: h.c, Client: h.c, Policy: policy.Policy{Default: time.Minute}, Now: func() time.Time { return now }}
+	if resp := wh.Handle(context.Background(), evictionRequest("w0")); !resp.Allowed {
+		t.Fatalf("a far-future request held the drain: %+v", resp.Result)
+	}
+	// Within the clock-skew allowance it is still the coordinator's.
+	q := rankPod("w1")
+	q.CreationTimestamp = metav1.NewTime(t0.Add(-time.Hour))
+	q.Annotations[v1alpha1.AnnotationCheckpointRequest] = t0.Add(30 * time.Second).Format(time.RFC3339)
+	h2 := newHarness(t, q)
+	wh.Reader, wh.Client = h2.c, h2.c
+	if resp := wh.Handle(context.Background(), evictionRequest("w1")); resp.Allowed {
+		t.Fatal("a request 30 s ahead (clock skew) was not held")
+	}
+}

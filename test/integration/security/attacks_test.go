@@ -260,6 +260,14 @@ func TestTenantAttacks(t *testing.T) {
 		denied(t, "kubectl annotate --overwrite gpupack.io/devices on a pinned pod", c.alice.Patch(ctx, cur.DeepCopy(), annPatch(v1alpha1.AnnotationDevices, dev)), "gpupack.io/devices")
 		denied(t, "removing gpupack.io/devices", c.alice.Patch(ctx, cur.DeepCopy(), annPatch(v1alpha1.AnnotationDevices, nil)), "gpupack.io/devices")
 		denied(t, "claiming an unplanned allocation (gpupack.io/allocated-by)", c.alice.Patch(ctx, cur.DeepCopy(), annPatch("gpupack.io/allocated-by", "gpupack-node/node-a")), "gpupack.io/allocated-by")
+		// A far-future checkpoint request (or deadline) would make the
+		// eviction webhook hold a drain of the node for ever.
+		future := "2099-01-01T00:00:00Z"
+		denied(t, "a far-future gpupack.io/checkpoint-request", c.alice.Patch(ctx, cur.DeepCopy(), annPatch(v1alpha1.AnnotationCheckpointRequest, future)), "gpupack.io/checkpoint-request")
+		denied(t, "a gpupack.io/checkpoint-deadline", c.alice.Patch(ctx, cur.DeepCopy(), annPatch("gpupack.io/checkpoint-deadline", future)), "gpupack.io/checkpoint-deadline")
+		early := gpuPod(c.open, "early-request")
+		early.Annotations[v1alpha1.AnnotationCheckpointRequest] = future
+		denied(t, "a pod created with a gpupack.io/checkpoint-request", c.alice.Create(ctx, early), "gpupack.io/checkpoint-request")
 		// The tenant's other edits still work.
 		if err := c.alice.Patch(ctx, cur.DeepCopy(), mergePatch(map[string]any{"metadata": map[string]any{"labels": map[string]string{"team": "a"}}})); err != nil {
 			t.Errorf("tenant relabelling its pod: %v", err)
@@ -319,7 +327,8 @@ func TestServiceAccountScope(t *testing.T) {
 		p := gpuPod(c.open, "victim")
 		p.Annotations[v1alpha1.AnnotationPlan] = "plan-1"
 		env.MustCreate(t, p)
-		if err := mgr.Patch(ctx, p.DeepCopy(), annPatch(v1alpha1.AnnotationCheckpointRequest, "2026-12-01T00:00:00Z")); err != nil {
+		if err := mgr.Patch(ctx, p.DeepCopy(), mergePatch(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
+			v1alpha1.AnnotationCheckpointRequest: "2026-12-01T00:00:00Z", "gpupack.io/checkpoint-deadline": "2026-12-01T00:05:00Z"}}})); err != nil {
 			t.Errorf("requesting a checkpoint: %v", err)
 		}
 		cur := &corev1.Pod{}
