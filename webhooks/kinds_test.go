@@ -164,6 +164,17 @@ func TestJobSetWebhookUpdate(t *testing.T) {
 			t.Errorf("update patch outside annotations and gates: %s %s", p.Operation, p.Path)
 		}
 	}
+	// A JobSet created before gpupack (unconverted): Kueue's update must
+	// not touch its containers (JobSet templates are immutable; a refused
+	// update would leave Kueue unable to start or stop it).
+	legacy := testJobSet(map[string]string{v1alpha1.AnnotationGPUMemory: "20Gi"}, true, gpuTemplate(map[string]string{v1alpha1.AnnotationPlan: "wl-plan"}, "1"))
+	lreq := request(t, admissionv1.Update, legacy, legacy)
+	lresp := Handlers(m, nil)[PathMutateJobSet].Handle(context.Background(), lreq)
+	for _, p := range lresp.Patches {
+		if !strings.Contains(p.Path, "schedulingGates") && !strings.Contains(p.Path, "annotations") {
+			t.Errorf("update of an unconverted JobSet patches %s %s", p.Operation, p.Path)
+		}
+	}
 	edited := js.DeepCopy()
 	edited.Annotations[v1alpha1.AnnotationGPUMemory] = "40Gi"
 	if r := handle(t, PathValidateJobSet, admissionv1.Update, edited, js); r.Allowed || !strings.Contains(r.Result.Message, "cannot change while the job runs") {
