@@ -25,7 +25,9 @@ require (
 	k8s.io/kubelet v0.37.2
 	k8s.io/utils v0.0.0-20260626114624-be93311217bd
 	sigs.k8s.io/controller-runtime v0.25.2
+	sigs.k8s.io/jobset v0.11.1
 	sigs.k8s.io/kueue v0.17.0
+	sigs.k8s.io/lws v0.8.0
 	sigs.k8s.io/yaml v1.6.0
 	volcano.sh/apis v1.14.0
 )

@@ -18,6 +18,8 @@ ETCD_VERSION=v3.7.3
 KUEUE_VERSION=v0.17.0
 KWOK_VERSION=v0.8.0
 TRAINING_OPERATOR_VERSION=v1.9.3
+JOBSET_VERSION=v0.11.1
+LWS_VERSION=v0.8.0
 
 # shellcheck source=lib/build-tool.sh
 source "$ROOT/hack/lib/build-tool.sh"
@@ -33,6 +35,8 @@ want kube-controller-manager && build kube-controller-manager "$K8S_VERSION" kub
 want kueue && build kueue "$KUEUE_VERSION" kueue sigs.k8s.io/kueue/cmd/kueue "-X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION"
 want kwok && build kwok "$KWOK_VERSION" kwok sigs.k8s.io/kwok/cmd/kwok
 want training-operator && build training-operator "$TRAINING_OPERATOR_VERSION" training-operator github.com/kubeflow/training-operator/cmd/training-operator.v1
+want jobset && build jobset "$JOBSET_VERSION" jobset sigs.k8s.io/jobset
+want lws && build lws "$LWS_VERSION" lws sigs.k8s.io/lws/cmd
 # kwok's "fast" stages (nodes Ready at once, pods run, Job pods complete),
 # copied from the pinned module so tests don't depend on its cache path.
 if want kwok && [[ ! -f "$OUT/kwok-stages/.version" || "$(cat "$OUT/kwok-stages/.version")" != "$KWOK_VERSION" ]]; then

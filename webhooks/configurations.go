@@ -44,6 +44,11 @@ type ServeOptions struct {
 	// manager keeps the installed configuration in step with its own
 	// (SetupFastPath); a stale value only sends pods the slow way.
 	TemplateFingerprint string
+	// JobKinds get webhook entries besides Pod, Job and PyTorchJob (of
+	// AllJobKinds). The static manifests have none; the manager adds those
+	// of the kinds the cluster serves to the installed configurations
+	// (SetupJobKinds, --job-kinds).
+	JobKinds []string
 }
 
 // DefaultTemplatePodCreators: kube-controller-manager's Job controller
@@ -117,7 +122,7 @@ func isGPU(kind, v string) string {
 		rs := v + ".spec.pytorchReplicaSpecs"
 		return fmt.Sprintf("%[2]s || (has(%[1]s.spec) && has(%[3]s) && %[3]s.exists(k, has(%[3]s[k].template) && (%[4]s)))", v, annotated(v+".metadata"), rs, templateIsGPU(rs+"[k].template"))
 	}
-	panic("unknown kind " + kind)
+	return jobKindIsGPU(kind, v)
 }
 
 // MatchConditions select the objects that ask for GPUs. Only those are sent
@@ -245,7 +250,7 @@ func WebhookConfigurations(o ServeOptions) (*admissionregistrationv1.MutatingWeb
 		TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "ValidatingWebhookConfiguration"},
 		ObjectMeta: meta(o.ValidatingName),
 	}
-	for _, t := range targets {
+	for _, t := range append(targets[:len(targets):len(targets)], jobKindTargets(o.JobKinds)...) {
 		lower := strings.ToLower(t.kind)
 		var reinvoke *admissionregistrationv1.ReinvocationPolicyType
 		conds := MatchConditions(t.kind, false)

@@ -65,14 +65,18 @@ func Setup(mgr ctrl.Manager, cfg Config) error {
 // Handlers returns the handlers by path. owners reads the owning Job or
 // PyTorchJob of a pod (for GPUPACK_RESUME_STEP); nil skips that.
 func Handlers(m *mutation.Mutator, owners client.Reader) map[string]admission.Handler {
-	return map[string]admission.Handler{
+	hs := kindHandlers(m) // JobSet, LeaderWorkerSet, Deployment, StatefulSet (kinds.go)
+	for p, h := range map[string]admission.Handler{
 		PathMutatePod:         instrumented{"mutating", "Pod", &podMutator{m: m, owners: owners}},
 		PathValidatePod:       instrumented{"validating", "Pod", &podValidator{m: m}},
 		PathMutateJob:         instrumented{"mutating", "Job", &jobMutator{m: m}},
 		PathValidateJob:       instrumented{"validating", "Job", &jobValidator{m: m}},
 		PathMutatePyTorchJob:  instrumented{"mutating", "PyTorchJob", &ptMutator{m: m}},
 		PathValidatePyTorchJb: instrumented{"validating", "PyTorchJob", &ptValidator{m: m}},
+	} {
+		hs[p] = h
 	}
+	return hs
 }
 
 // decode reads raw JSON; a plain json.Unmarshal is all typed objects need

@@ -59,6 +59,7 @@ func main() {
 		enableWebhooks = flag.Bool("enable-webhooks", true, "serve the fractional-GPU mutating/validating webhooks and run the placement ungater")
 		webhookConfig  = flag.String("webhook-config", "", "webhook configuration file (YAML; see docs/webhooks.md); empty = defaults")
 		podCreators    = flag.String("template-pod-creators", strings.Join(webhooks.DefaultTemplatePodCreators, ","), "users whose pods made from a gpupack-injected Job/PyTorchJob template skip the pod webhook (comma-separated; empty: every GPU pod goes to the webhook)")
+		jobKinds       = flag.String("job-kinds", "auto", "job kinds besides Job and PyTorchJob whose webhook entries the manager keeps in its configurations: auto (those the cluster serves at start), all, none, or a comma-separated list of JobSet, LeaderWorkerSet, Deployment, StatefulSet")
 		certMode       = flag.String("cert-management", "internal", "webhook certificates: internal (cert-controller rotates them and injects the CA) or external (cert-manager or files in --cert-dir)")
 		namespace      = flag.String("namespace", envOr("POD_NAMESPACE", "gpupack-system"), "namespace gpupack runs in")
 		showVersion    = flag.Bool("version", false, "print the version and exit")
@@ -137,6 +138,15 @@ func main() {
 		}
 		if err := webhooks.SetupFastPath(mgr, serve); err != nil {
 			log.Error(err, "setting up the pod webhook's fast path")
+			os.Exit(1)
+		}
+		if serve.JobKinds, err = webhooks.ResolveJobKinds(mgr.GetRESTMapper(), *jobKinds); err != nil {
+			log.Error(err, "--job-kinds")
+			os.Exit(1)
+		}
+		log.Info("job kinds with webhook entries", "kinds", serve.JobKinds)
+		if err := webhooks.SetupJobKinds(mgr, serve); err != nil {
+			log.Error(err, "setting up the job kinds' webhook entries")
 			os.Exit(1)
 		}
 		if *certMode == "internal" {

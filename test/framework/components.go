@@ -36,6 +36,10 @@ func (e *Env) startKueue(t TB, opts Options) {
 	if opts.WaitForPodsReady {
 		waitForPodsReady = "waitForPodsReady:\n  enable: true\n  timeout: 30s\n  blockAdmission: false\n"
 	}
+	jobSetFramework := ""
+	if opts.JobSet {
+		jobSetFramework = "  - jobset.x-k8s.io/jobset\n"
+	}
 	cfg := fmt.Sprintf(`apiVersion: config.kueue.x-k8s.io/v1beta2
 kind: Configuration
 namespace: kueue-system
@@ -55,7 +59,7 @@ internalCertManagement:
   frameworks:
   - batch/job
   - kubeflow.org/pytorchjob
-`, wh.LocalServingHost, wh.LocalServingPort, wh.LocalServingCertDir, waitForPodsReady)
+%s`, wh.LocalServingHost, wh.LocalServingPort, wh.LocalServingCertDir, waitForPodsReady, jobSetFramework)
 	cfgPath := filepath.Join(e.Dir, "kueue-config.yaml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		t.Fatalf("%v", err)

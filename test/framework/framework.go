@@ -62,6 +62,9 @@ import (
 	volcanoscheduling "volcano.sh/apis/pkg/apis/scheduling/v1beta1"
 	volcanotopology "volcano.sh/apis/pkg/apis/topology/v1alpha1"
 
+	jobset "sigs.k8s.io/jobset/api/jobset/v1alpha2"
+	lws "sigs.k8s.io/lws/api/leaderworkerset/v1"
+
 	gpupackv1alpha1 "github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
 )
 
@@ -80,6 +83,10 @@ type Options struct {
 	// WaitForPodsReady turns on Kueue's waitForPodsReady (seed §1's
 	// all-or-nothing timeout), for the "without gpupack" comparison.
 	WaitForPodsReady bool
+	// JobSet enables Kueue's jobset.x-k8s.io/jobset integration (and its
+	// webhooks). The JobSet and LeaderWorkerSet CRDs are always installed;
+	// without a controller or a Kueue integration they are inert.
+	JobSet bool
 }
 
 // Env is a running control plane.
@@ -110,6 +117,8 @@ func NewScheme() *runtime.Scheme {
 	utilruntime.Must(kftraining.AddToScheme(s))
 	utilruntime.Must(volcanoscheduling.AddToScheme(s))
 	utilruntime.Must(volcanotopology.AddToScheme(s))
+	utilruntime.Must(jobset.AddToScheme(s))
+	utilruntime.Must(lws.AddToScheme(s))
 	return s
 }
 
@@ -179,7 +188,7 @@ func Start(t TB, opts Options) *Env {
 	}
 	wh := envtest.WebhookInstallOptions{}
 	if !opts.NoKueue {
-		m, v, err := kueueWebhooks()
+		m, v, err := kueueWebhooks(opts.JobSet)
 		if err != nil {
 			t.Fatalf("%v", err)
 		}
@@ -255,8 +264,18 @@ func crdPaths() ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	jsDir, err := moduleDir("sigs.k8s.io/jobset")
+	if err != nil {
+		return nil, err
+	}
+	lwsDir, err := moduleDir("sigs.k8s.io/lws")
+	if err != nil {
+		return nil, err
+	}
 	root := RepoRoot()
 	return []string{
+		filepath.Join(jsDir, "config", "components", "crd", "bases", "jobset.x-k8s.io_jobsets.yaml"),
+		filepath.Join(lwsDir, "config", "crd", "bases", "leaderworkerset.x-k8s.io_leaderworkersets.yaml"),
 		filepath.Join(kueueDir, "config", "components", "crd", "bases"),
 		filepath.Join(kfDir, "manifests", "base", "crds", "kubeflow.org_pytorchjobs.yaml"),
 		filepath.Join(root, "test", "framework", "crds", "volcano"),
@@ -286,7 +305,7 @@ func moduleDir(mod string) (string, error) {
 // webhooks of the integrations the test Kueue serves (batch/job, PyTorchJob)
 // and of Kueue's own types: a webhook for a kind nobody serves would reject
 // every object of that kind (pods included).
-func kueueWebhooks() ([]*admissionregistrationv1.MutatingWebhookConfiguration, []*admissionregistrationv1.ValidatingWebhookConfiguration, error) {
+func kueueWebhooks(jobSet bool) ([]*admissionregistrationv1.MutatingWebhookConfiguration, []*admissionregistrationv1.ValidatingWebhookConfiguration, error) {
 	dir, err := moduleDir("sigs.k8s.io/kueue")
 	if err != nil {
 		return nil, nil, err
@@ -299,7 +318,11 @@ func kueueWebhooks() ([]*admissionregistrationv1.MutatingWebhookConfiguration, [
 		if path == nil {
 			return false
 		}
-		for _, p := range []string{"-kueue-x-k8s-io-", "-batch-v1-job", "-kubeflow-org-v1-pytorchjob"} {
+		paths := []string{"-kueue-x-k8s-io-", "-batch-v1-job", "-kubeflow-org-v1-pytorchjob"}
+		if jobSet {
+			paths = append(paths, "-jobset-x-k8s-io-")
+		}
+		for _, p := range paths {
 			if strings.Contains(*path, p) {
 				return true
 			}

@@ -39,8 +39,9 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: gpupack mutate -f FILE.yaml [--config CONFIG.yaml]\n\n"+
 			"Prints the objects as gpupack's webhooks would admit them (exit 0), or the\n"+
-			"denial (exit 1). Warnings go to stderr. Handles Pod, batch/v1 Job and\n"+
-			"kubeflow.org/v1 PyTorchJob; other kinds are printed unchanged.\n\n")
+			"denial (exit 1). Warnings go to stderr. Handles Pod, batch/v1 Job,\n"+
+			"kubeflow.org/v1 PyTorchJob, JobSet, LeaderWorkerSet, Deployment and\n"+
+			"StatefulSet; other kinds are printed unchanged.\n\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -160,6 +161,16 @@ func mutateDocument(m *mutation.Mutator, doc []byte) (string, []string, error) {
 			err = m.ValidatePyTorchJob(j)
 		}
 		obj = j
+	case jobKindObject(tm) != nil: // kinds.go
+		o := jobKindObject(tm)
+		if err := yaml.UnmarshalStrict(doc, o); err != nil {
+			return "", nil, &badInput{err}
+		}
+		ann, ts, _ := mutation.KindTemplates(o)
+		if warn, err = m.Templates(ann, ts); err == nil {
+			err = m.ValidateTemplates(ann, ts)
+		}
+		obj = o
 	case tm.Kind == "":
 		return "", nil, &badInput{errors.New("no kind")}
 	default:
