@@ -215,6 +215,22 @@ func TestOwnedEnv(t *testing.T) {
 // mounts the hook, its preload file, the limits file or the accounting
 // directory: kubelet applies pod-spec mounts after a device plugin's, so
 // the tenant's would win. Paths are compared cleaned.
+// A mount under /var/run/nvidia-container-devices picks GPUs by name when
+// the toolkit accepts volume mounts: denied in every container, both modes.
+func TestNvidiaDeviceVolumeMountDenied(t *testing.T) {
+	for _, mode := range []string{ResourcesGpupack, ResourcesHAMi} {
+		m := mustNew(t, Config{Resources: mode})
+		for _, path := range []string{"/var/run/nvidia-container-devices/all", "/run/nvidia-container-devices/GPU-1", "/var/run/nvidia-container-devices"} {
+			cpuC := makeCtr("cpu").obj()
+			cpuC.VolumeMounts = []corev1.VolumeMount{{Name: "nv", MountPath: path}}
+			p := makePod("p").nodeSelector(flavors.LabelGPUProduct, h100).ann(v1alpha1.AnnotationGPUMemory, "1000").ctr(makeCtr("gpu").gpus("1").obj()).ctr(cpuC).obj()
+			if _, err := m.Pod(p, PodContext{}); err == nil || !strings.Contains(err.Error(), "accept-nvidia-visible-devices-as-volume-mounts") {
+				t.Errorf("%s: mount at %s: err = %v", mode, path, err)
+			}
+		}
+	}
+}
+
 func TestTenantMountOverGpupackPathsDenied(t *testing.T) {
 	m := mustNew(t, Config{})
 	always := corev1.ContainerRestartPolicyAlways

@@ -44,6 +44,12 @@ func (m *Mutator) guardedPaths() []string {
 	return out
 }
 
+// runtimeDevicePaths are where the NVIDIA container runtime reads a
+// container's own choice of GPUs from mounts when the toolkit setting
+// accept-nvidia-visible-devices-as-volume-mounts is on (gpupack-node
+// reports that setting as unsafe; this keeps GPU pods off it in any mode).
+var runtimeDevicePaths = []string{"/var/run/nvidia-container-devices", "/run/nvidia-container-devices"}
+
 // ownedVolume reports the volume names gpupack reserves for the hook. Old
 // releases added them (hostPath volumes); this one adds none in gpupack
 // mode, so a pod or template carrying one lost it.
@@ -178,6 +184,13 @@ func (m *Mutator) podSecurity(s *corev1.PodSpec) error {
 	for _, kc := range allContainers(s) {
 		if why := securityContextError(kc.c.SecurityContext); why != "" {
 			return fmt.Errorf("%s %q %s; gpupack denies that in a pod that asks for GPUs", kc.kind, kc.c.Name, why)
+		}
+		for _, vm := range kc.c.VolumeMounts {
+			for _, g := range runtimeDevicePaths {
+				if under(vm.MountPath, g) {
+					return fmt.Errorf("%s %q mounts volume %q at %s; a mount under %s asks the NVIDIA container runtime for GPUs by name (accept-nvidia-visible-devices-as-volume-mounts), past gpupack's assignment, so gpupack denies it", kc.kind, kc.c.Name, vm.Name, vm.MountPath, g)
+				}
+			}
 		}
 		if m.cfg.hami() {
 			continue // HAMi's paths are guarded on its GPU containers (guardHAMiHook)

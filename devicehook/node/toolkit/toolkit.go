@@ -5,6 +5,7 @@
 // container, or its image's ENV, can set):
 //
 //	accept-nvidia-visible-devices-envvar-when-unprivileged = false   (the toolkit's default is true)
+//	accept-nvidia-visible-devices-as-volume-mounts = false            (the default; some distributions set true)
 //	[nvidia-container-runtime] mode = "cdi", or a CDI spec for nvidia.com/gpu
 //	  in /etc/cdi or /var/run/cdi (the CRI injects the devices the plugin names)
 //
@@ -25,6 +26,10 @@ const (
 	SettingConfig = "config"                                                 // the file is missing or unreadable
 	SettingEnvvar = "accept-nvidia-visible-devices-envvar-when-unprivileged" // must be false
 	SettingCDI    = "cdi"                                                    // CDI must be on
+	// SettingVolumeMounts lets a container pick GPUs by mounting anything
+	// at /var/run/nvidia-container-devices/<uuid|all> (an emptyDir will do):
+	// it must not be true (the toolkit's default is false).
+	SettingVolumeMounts = "accept-nvidia-visible-devices-as-volume-mounts"
 )
 
 // MaxConfigBytes bounds the config read (it is a few KiB).
@@ -125,6 +130,9 @@ func Check(path string, content []byte, cdiSpec bool) Result {
 		r.Findings = append(r.Findings, Finding{SettingEnvvar, SettingEnvvar + " is not set (the toolkit's default is true): any container can ask for every GPU with NVIDIA_VISIBLE_DEVICES=all"})
 	case v != "false":
 		r.Findings = append(r.Findings, Finding{SettingEnvvar, SettingEnvvar + " = " + v + ": any container can ask for every GPU with NVIDIA_VISIBLE_DEVICES=all"})
+	}
+	if v := cfg[SettingVolumeMounts]; v != "" && v != "false" {
+		r.Findings = append(r.Findings, Finding{SettingVolumeMounts, SettingVolumeMounts + " = " + v + ": any container can ask for every GPU by mounting a volume at /var/run/nvidia-container-devices/all"})
 	}
 	if mode := cfg["nvidia-container-runtime.mode"]; mode != `"cdi"` && !cdiSpec {
 		if mode == "" {

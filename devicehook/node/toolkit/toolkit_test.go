@@ -30,6 +30,7 @@ func TestCheckFixtures(t *testing.T) {
 		{"default.toml", noSpecs, SettingEnvvar + "," + SettingCDI},
 		{"default.toml", []string{withSpec}, SettingEnvvar}, // CDI through the CRI
 		{"envvar-true.toml", noSpecs, SettingEnvvar},
+		{"volume-mounts-true.toml", noSpecs, SettingVolumeMounts},
 		{"absent.toml", noSpecs, SettingConfig},
 	}
 	for _, tc := range cases {
@@ -72,7 +73,7 @@ func FuzzParse(f *testing.F) {
 			return
 		}
 		r := Check("x", b, false)
-		if v, ok := cfg[SettingEnvvar]; ok && v == "false" && cfg["nvidia-container-runtime.mode"] == `"cdi"` && !r.Safe() {
+		if v, ok := cfg[SettingEnvvar]; ok && v == "false" && cfg["nvidia-container-runtime.mode"] == `"cdi"` && (cfg[SettingVolumeMounts] == "" || cfg[SettingVolumeMounts] == "false") && !r.Safe() {
 			t.Fatalf("safe settings reported unsafe: %v", r.Findings)
 		}
 	})
