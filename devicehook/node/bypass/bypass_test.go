@@ -296,3 +296,36 @@ func BenchmarkRegionFile(b *testing.B) {
 		}
 	}
 }
+
+// Reading a tenant's accounting file must not open what is not a regular
+// file: opening can act (a device node the tenant made with mknod — a
+// watchdog reboots the node). A FIFO shows it: a writer blocked opening it
+// is released the moment anyone opens it for reading.
+func TestRegionFileNeverOpensANonRegularFile(t *testing.T) {
+	fifo := filepath.Join(t.TempDir(), "vgpu.cache")
+	if err := unix.Mkfifo(fifo, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	opened := make(chan struct{})
+	go func() {
+		f, err := os.OpenFile(fifo, os.O_WRONLY, 0) // blocks until a reader opens
+		if err == nil {
+			close(opened)
+			f.Close()
+		}
+	}()
+	time.Sleep(50 * time.Millisecond)
+	if _, err := ReadRegionFile(fifo); !errors.Is(err, ErrHostileFile) {
+		t.Fatalf("FIFO: err = %v, want ErrHostileFile", err)
+	}
+	select {
+	case <-opened:
+		t.Fatal("ReadRegionFile opened the FIFO for reading (a device node would have been opened too)")
+	case <-time.After(300 * time.Millisecond):
+	}
+	// Release the writer.
+	if f, err := os.OpenFile(fifo, os.O_RDONLY|unix.O_NONBLOCK, 0); err == nil {
+		<-opened
+		f.Close()
+	}
+}

@@ -64,21 +64,32 @@ func (RegionFile) Used(path string) ([]uint64, error) {
 
 // ReadRegionFile reads an accounting file bounded (see Used).
 func ReadRegionFile(path string) ([]byte, error) {
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
+	// O_PATH first: opening a device node a tenant made (mknod in its
+	// accounting folder) for reading can itself act (a watchdog reboots
+	// the node); an O_PATH descriptor opens nothing. Only a regular file
+	// is then reopened for reading, through the same descriptor, so the
+	// name cannot be swapped in between.
+	pfd, err := unix.Open(path, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		if errors.Is(err, unix.ELOOP) {
-			return nil, fmt.Errorf("%s: a symlink: %w", path, ErrHostileFile)
-		}
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	defer unix.Close(pfd)
+	var st unix.Stat_t
+	if err := unix.Fstat(pfd, &st); err != nil {
+		return nil, &os.PathError{Op: "fstat", Path: path, Err: err}
+	}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFREG:
+	case unix.S_IFLNK:
+		return nil, fmt.Errorf("%s: a symlink: %w", path, ErrHostileFile)
+	default:
+		return nil, fmt.Errorf("%s: mode %#o, not a regular file: %w", path, st.Mode&unix.S_IFMT, ErrHostileFile)
+	}
+	fd, err := unix.Open(fmt.Sprintf("/proc/self/fd/%d", pfd), unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
+	if err != nil {
 		return nil, &os.PathError{Op: "open", Path: path, Err: err}
 	}
 	defer unix.Close(fd)
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, &os.PathError{Op: "fstat", Path: path, Err: err}
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return nil, fmt.Errorf("%s: mode %#o, not a regular file: %w", path, st.Mode&unix.S_IFMT, ErrHostileFile)
-	}
 	if st.Size > RegionSize {
 		return nil, fmt.Errorf("%s: %d bytes, a region is %d: %w", path, st.Size, RegionSize, ErrHostileFile)
 	}
