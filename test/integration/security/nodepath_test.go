@@ -99,6 +99,8 @@ type nodePlugin struct {
 	plugin  *deviceplugin.Plugin
 	kubelet *kubelettest.Kubelet
 	limDir  string
+	pods    deviceplugin.PodLister
+	plans   deviceplugin.PlanLister
 }
 
 func startNodePlugin(t *testing.T, c *cluster, node, hookDir string) *nodePlugin {
@@ -120,11 +122,12 @@ func startNodePlugin(t *testing.T, c *cluster, node, hookDir string) *nodePlugin
 		t.Fatal(err)
 	}
 	np := &nodePlugin{kubelet: kubelettest.Start(t, pluginDir), limDir: t.TempDir()}
+	np.pods, np.plans = deviceplugin.PodListerFunc(func() ([]*corev1.Pod, error) { return lister.List(labels.Everything()) }), plans
 	np.plugin = deviceplugin.New(deviceplugin.Config{
 		ResourceName: v1alpha1.ResourceVGPU, SlotsPerGPU: 4, NodeName: node, PluginDir: pluginDir, SocketName: "gpupack-vgpu.sock",
 		HookDir: hookDir, MountPreload: true, CacheHostDir: t.TempDir(), LimitsDir: np.limDir, MemoryLimits: true,
 		Unplanned: deviceplugin.UnplannedReject, Client: cs,
-		Pods:     deviceplugin.PodListerFunc(func() ([]*corev1.Pod, error) { return lister.List(labels.Everything()) }),
+		Pods:     np.pods,
 		Plans:    plans,
 		Recorder: bc.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "gpupack-node", Host: node}),
 		// A forged pod is refused after this long.
@@ -190,16 +193,27 @@ func (c *cluster) placePod(t *testing.T, ns, name string, gpus []v1alpha1.GPUAss
 	return cur
 }
 
-// waitBound waits until the plugin's informer sees pod bound (the kubelet
-// would only ask after that).
-func waitBound(t *testing.T, c *cluster, pod *corev1.Pod) {
+// waitBound waits until the plugin's own informers see pod bound to the
+// node and its plan binding (the kubelet asks only after binding; the
+// plugin's wait for a lagging informer is bounded and tested elsewhere).
+func (np *nodePlugin) waitBound(t *testing.T, c *cluster, pod *corev1.Pod) {
 	t.Helper()
-	c.env.Eventually(t, 20*time.Second, pod.Name+" bound", func() (bool, string) {
-		cur := &corev1.Pod{}
-		if err := c.env.Client.Get(c.env.Ctx, client.ObjectKeyFromObject(pod), cur); err != nil {
+	c.env.Eventually(t, 20*time.Second, pod.Name+" bound, as gpupack-node sees it", func() (bool, string) {
+		pods, err := np.pods.List()
+		if err != nil {
 			return false, err.Error()
 		}
-		return cur.Spec.NodeName == pathNode, cur.Spec.NodeName
+		plans, err := np.plans.Plans("")
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, p := range pods {
+			if p.UID == pod.UID && p.Spec.NodeName == pathNode {
+				_, bound := deviceplugin.BindingOf(p, plans)
+				return bound, "pod seen, plan binding not yet"
+			}
+		}
+		return false, "pod not seen on the node"
 	})
 }
 
@@ -221,7 +235,7 @@ func TestNodePath(t *testing.T) {
 
 	// The planned pod: one GPU, 4096 MiB, 30 % SM.
 	trainer := c.placePod(t, c.baseline, "trainer", []v1alpha1.GPUAssignment{{UUID: g2, MemoryMiB: limitMiB, Cores: 30}}, fmt.Sprintf("%s:%d", g2, limitMiB))
-	waitBound(t, c, trainer)
+	np.waitBound(t, c, trainer)
 	r, ids, err := np.kubelet.Allocate(ctx, v1alpha1.ResourceVGPU, 1)
 	if err != nil {
 		t.Fatalf("Allocate for the planned pod: %v", err)
@@ -309,8 +323,8 @@ func TestNodePath(t *testing.T) {
 	t.Run("forged placement is refused", func(t *testing.T) {
 		otherGPU := c.placePod(t, c.open, "forged-gpu", []v1alpha1.GPUAssignment{{UUID: g3, MemoryMiB: limitMiB, Cores: 30}}, fmt.Sprintf("%s:%d", g2, limitMiB))
 		moreMiB := c.placePod(t, c.open, "forged-mib", []v1alpha1.GPUAssignment{{UUID: g1, MemoryMiB: limitMiB, Cores: 30}}, fmt.Sprintf("%s:70000", g1))
-		waitBound(t, c, otherGPU)
-		waitBound(t, c, moreMiB)
+		np.waitBound(t, c, otherGPU)
+		np.waitBound(t, c, moreMiB)
 		_, _, err := np.kubelet.Allocate(ctx, v1alpha1.ResourceVGPU, 1)
 		for _, p := range []*corev1.Pod{otherGPU, moreMiB} {
 			if err == nil || !strings.Contains(err.Error(), "pod "+p.Namespace+"/"+p.Name+": gpupack.io/devices=") || !strings.Contains(err.Error(), "disagrees with GPUPlan") {
