@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -33,6 +34,9 @@ import (
 
 // demoTB lets the test framework run outside `go test`.
 type demoTB struct {
+	// testing.TB only gives demoTB that type (kubelettest wants it); every
+	// method those helpers call is defined below, any other would panic.
+	testing.TB
 	dir      string
 	failed   bool
 	cleanups []func()
@@ -348,6 +352,7 @@ func fractional(t *demoTB, env *framework.Env) {
 	expect(shared > 0, "pods share GPUs")
 	expect(over == 0, "no GPU is planned past its allocatable 71903 MiB (81559 - 1500 - 10%%)")
 	expect(envOK, "every pod carries its own gpupack.io/gpu-memory, and no hostPath volume or limit env")
+	nodeAnswer(t, env, pods)
 	deleteAll(env, ns, jobs)
 }
 

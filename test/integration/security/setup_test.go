@@ -3,7 +3,9 @@
 // the `edit` ClusterRole in one namespace, against gpupack's webhooks and
 // the shipped RBAC and ValidatingAdmissionPolicies (manifests/base/rbac,
 // manifests/base/policy). Each attack must be denied or have no effect.
-// The node side (device plugin, limits file, hook) is tested in
+// nodepath_test.go follows one tenant pod through the node side too (the
+// device plugin against its fake kubelet, then the real hook under the
+// limits file and a hostile environment); the node side's own cases are in
 // test/integration/node and devicehook.
 package security
 
