@@ -37,6 +37,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -52,6 +53,7 @@ import (
 	"github.com/gpupack/gpupack/preemption"
 	"github.com/gpupack/gpupack/preemption/ladder"
 	"github.com/gpupack/gpupack/test/framework"
+	"github.com/gpupack/gpupack/webhooks/placement"
 )
 
 const (
@@ -75,6 +77,27 @@ type fakeNodeAgent struct {
 	answer bool // answer checkpoint requests (false: the trainer is still saving)
 	stop   chan struct{}
 	done   chan struct{}
+}
+
+// bind records pod p in its GPUPlan's bindings, as the ungater does.
+func (a *fakeNodeAgent) bind(p *corev1.Pod) {
+	name := p.Annotations[v1alpha1.AnnotationPlan]
+	if name == "" {
+		return
+	}
+	_ = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var gp v1alpha1.GPUPlan
+		if err := a.env.Client.Get(a.env.Ctx, client.ObjectKey{Namespace: p.Namespace, Name: name}, &gp); err != nil {
+			return err
+		}
+		_, b, err := placement.Assign(gp.Spec.Assignments, gp.Status.Bindings, placement.PodInfoFromLabels(p.Name, p.UID, p.Labels, p.Annotations),
+			func(v1alpha1.SlotBinding) bool { return true })
+		if err != nil {
+			return nil
+		}
+		gp.Status.Bindings = b
+		return a.env.Client.Status().Update(a.env.Ctx, &gp)
+	})
 }
 
 func (a *fakeNodeAgent) setAnswer(v bool) {
@@ -130,6 +153,9 @@ func (a *fakeNodeAgent) tick(t *testing.T) {
 			if a.noContainers {
 				patch["metadata"] = map[string]any{"annotations": ann}
 			}
+			// Like the real ungater, bind the pod to its plan slot (the
+			// check reads a slot without a binding as not yet placed).
+			a.bind(p)
 		case answer && p.Annotations[v1alpha1.AnnotationCheckpointRequest] != "" && p.Annotations[v1alpha1.AnnotationCheckpointStep] == "":
 			// gpupack-ckpt: a verified checkpoint, reported on the pod.
 			ann[v1alpha1.AnnotationCheckpointStep] = fmt.Sprint(consistentStep)
