@@ -14,6 +14,8 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/gpupack/gpupack/test/testenv"
 )
 
 // The trusted limits file, /etc/gpupack/limits: its parser against an
@@ -361,9 +363,8 @@ exec %[3]s "$@"`, dir, mountFile, hooktest)
 
 func testenvUnshare(t *testing.T) {
 	t.Helper()
-	if _, err := exec.LookPath("unshare"); err != nil {
-		t.Skip("no unshare(1): the trusted limits file is tested only in a private mount namespace")
-	}
+	// Skips on a developer's machine without it, fails under CI.
+	testenv.Command(t, "unshare", "the trusted limits file is tested only in a private mount namespace")
 	if err := exec.Command("unshare", "-m", "-r", "true").Run(); err != nil {
 		t.Skipf("no unprivileged mount namespaces here (%v)", err)
 	}
