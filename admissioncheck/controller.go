@@ -228,6 +228,9 @@ func (r *workloadReconciler) decide(ctx context.Context, wl *kueue.Workload, che
 	planKey := client.ObjectKey{Namespace: wl.Namespace, Name: wl.Name}
 
 	gang, gangErr := r.gangOf(ctx, wl)
+	if re := (*readError)(nil); errors.As(gangErr, &re) {
+		return 0, gangErr // transient: retried, never Rejected, the stored plan kept
+	}
 	// A plan stored for this very workload (e.g. by a manager that died
 	// before marking the check Ready) is reused: deciding again would count
 	// it twice or hand its GPUs to someone else. Only while it still matches
@@ -494,7 +497,7 @@ func (r *workloadReconciler) applyFlavors(ctx context.Context, ps *kueue.PodSet,
 			if apierrors.IsNotFound(err) {
 				continue
 			}
-			return err
+			return &readError{fmt.Errorf("reading ResourceFlavor %s: %w", name, err)}
 		}
 		if len(rf.Spec.NodeLabels) > 0 {
 			if ps.Template.Spec.NodeSelector == nil {
@@ -566,7 +569,13 @@ func (r *workloadReconciler) createPlan(ctx context.Context, plan *v1alpha1.GPUP
 	key := client.ObjectKeyFromObject(plan)
 	status := plan.Status
 	if err := r.client.Create(ctx, plan); err != nil {
-		r.cache.Forget(key, plan.Spec.WorkloadUID)
+		if definitelyNotWritten(err) {
+			r.cache.Forget(key, plan.Spec.WorkloadUID)
+		} else {
+			// The apiserver may have stored it (the client saw a timeout):
+			// freeing its GPUs now would let the next decision plan them.
+			r.cache.ForgetHeld(key, plan.Spec.WorkloadUID)
+		}
 		return err
 	}
 	r.cache.Created(key, plan.Spec.WorkloadUID, plan.UID)
@@ -575,6 +584,20 @@ func (r *workloadReconciler) createPlan(ctx context.Context, plan *v1alpha1.GPUP
 	// slots all the same (only Released does not), and is reused next time.
 	return r.client.Status().Update(ctx, plan)
 }
+
+// definitelyNotWritten reports errors after which the apiserver cannot have
+// stored the object (it refused the request itself).
+func definitelyNotWritten(err error) bool {
+	return apierrors.IsInvalid(err) || apierrors.IsForbidden(err) || apierrors.IsBadRequest(err) || apierrors.IsUnauthorized(err) ||
+		apierrors.IsNotFound(err) || apierrors.IsRequestEntityTooLargeError(err) || apierrors.IsMethodNotSupported(err)
+}
+
+// readError is a failure to read what a decision depends on (not a bad
+// request): the reconcile is retried; it never Rejects nor drops a plan.
+type readError struct{ err error }
+
+func (e *readError) Error() string { return e.err.Error() }
+func (e *readError) Unwrap() error { return e.err }
 
 func truncateLabel(s string) string {
 	if len(s) > 63 {

@@ -442,6 +442,20 @@ func (c *Cache) Forget(key types.NamespacedName, workloadUID types.UID) {
 	}
 }
 
+// ForgetHeld drops an assumed plan whose write may have reached the API
+// after all (a timeout, a reset connection, AlreadyExists): its slots stay
+// held for GhostTTL, within which the informer delivers the stored plan if
+// there is one, instead of being free at once.
+func (c *Cache) ForgetHeld(key types.NamespacedName, workloadUID types.UID) {
+	c.mu.Lock()
+	e, ok := c.assumed[key]
+	if ok && e.workloadUID == workloadUID {
+		c.removeEntry(e, true)
+		delete(c.assumed, key)
+	}
+	c.mu.Unlock()
+}
+
 // NodeUsable reports whether a node is known to the model, Ready and
 // schedulable.
 func (c *Cache) NodeUsable(name string) bool {
