@@ -304,6 +304,11 @@ func (c *Cache) addEntry(e *planEntry) {
 // is gone, not replaced by a newer version of itself), every slot stays
 // held as a ghost for GhostTTL.
 func (c *Cache) removeEntry(e *planEntry, release bool) {
+	if release {
+		// Ghosts also expire here, not only in Read: a standby replica
+		// never decides, and would keep every ghost for its lifetime.
+		c.expireGhosts()
+	}
 	for i, s := range e.slots {
 		if s.PodUID != "" {
 			refs := c.bound[s.PodUID]

@@ -1,6 +1,7 @@
 package gpucache
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -164,5 +165,27 @@ func TestFragmentation(t *testing.T) {
 	}
 	if want := 1 - 71903.0/(71903+41903); d.Fragmentation < want-1e-9 || d.Fragmentation > want+1e-9 {
 		t.Errorf("fragmentation %v, want %v", d.Fragmentation, want)
+	}
+}
+
+// Outside review: ghosts were pruned only by Read, which a standby replica
+// never calls, so they piled up for its lifetime.
+func TestGhostsExpireWithoutDecisions(t *testing.T) {
+	c := New(nil)
+	now := time.Date(2026, 1, 2, 0, 0, 0, 0, time.UTC)
+	c.SetClock(func() time.Time { return now })
+	for i := 0; i < 100; i++ {
+		p := &v1alpha1.GPUPlan{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: fmt.Sprintf("p%d", i), UID: types.UID(fmt.Sprintf("u%d", i))},
+			Spec: v1alpha1.GPUPlanSpec{WorkloadUID: types.UID(fmt.Sprintf("w%d", i)), Assignments: []v1alpha1.PodAssignment{{PodSet: "main", Node: "n1",
+				GPUs: []v1alpha1.GPUAssignment{{UUID: "n1-g0", MemoryMiB: 1}}}}}}
+		c.UpsertPlan(p)
+		c.DeletePlan(types.NamespacedName{Namespace: "ns", Name: p.Name}, p.UID, p.Spec.WorkloadUID)
+		now = now.Add(GhostTTL) // each earlier ghost is past its time by the next delete
+	}
+	c.mu.Lock()
+	n := len(c.ghosts)
+	c.mu.Unlock()
+	if n > 2 {
+		t.Errorf("%d ghosts kept after 100 releases spaced GhostTTL apart with no decision; want at most 2", n)
 	}
 }
