@@ -507,12 +507,19 @@ type Snapshot struct {
 	Plans int
 }
 
-// Settled returns a copy of the model without terminating pods: what is
-// free once they are gone.
+// Settled returns a copy of the model without terminating pods and without
+// the ghosts of released plans: what is free once they are gone (a ghost
+// is settling too — it outlives its plan only to cover informer lag).
+// Release clamps at zero, so a pod and the ghost over it are not freed twice.
 func (s *Snapshot) Settled() *fit.Model {
 	m := s.Model.Clone()
 	for _, p := range s.c.terminating {
 		for _, u := range p.gpus {
+			m.Release(u)
+		}
+	}
+	for _, g := range s.c.ghosts {
+		for _, u := range g.gpus {
 			m.Release(u)
 		}
 	}
@@ -636,7 +643,7 @@ func (s *Snapshot) Decide(g fit.Gang, o fit.Options) Verdict {
 	if v.Result.Fits {
 		return v
 	}
-	if s.Terminating > 0 {
+	if s.Terminating > 0 || len(s.c.ghosts) > 0 {
 		v.SettledFits = s.Settled().Fit(g, o).Fits
 	}
 	if !v.SettledFits {
