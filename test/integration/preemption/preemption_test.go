@@ -1080,17 +1080,9 @@ func TestDrainEvictsTheWholeWorkloadThroughKueue(t *testing.T) {
 	if len(tr.later) == 0 {
 		t.Error("never saw the job controller's new pods")
 	}
-	// KNOWN ISSUE (seen in 2 of 4 runs on the merged tree, not on the
-	// coordinator's branch alone): the job controller's new pods are
-	// sometimes deleted after the re-admission — suspected: the gang-fit
-	// check's healReady sees the previous admission's released plan of the
-	// same name and sets Retry, so Kueue evicts the re-admitted workload
-	// again. Reported (logged), not asserted, until that is fixed; the
-	// coordinator's own guard (it never deletes a pod created after the
-	// eviction) is asserted by TestRecreatedPodIsNotTheRank.
 	for uid, name := range tr.later {
 		if tr.deleted[uid] > 0 {
-			t.Logf("KNOWN ISSUE: new pod %s (%s) deleted after the re-admission", name, uid)
+			t.Errorf("new pod %s (%s) deleted after the re-admission", name, uid)
 		}
 	}
 	// (kwok, like a kubelet, confirms a graceful deletion with a grace-0
