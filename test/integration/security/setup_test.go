@@ -10,11 +10,6 @@
 package security
 
 import (
-	"bytes"
-	"errors"
-	"io"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -25,8 +20,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/apiserver/pkg/admission/plugin/policy/validating"
 	"k8s.io/apiserver/pkg/cel/openapi/resolver"
 	"k8s.io/client-go/discovery"
@@ -60,37 +53,6 @@ type cluster struct {
 	aliceCS *kubernetes.Clientset
 }
 
-// readObjects decodes every object of the YAML files matched by glob
-// (relative to the repo root).
-func readObjects(t *testing.T, glob string) []*unstructured.Unstructured {
-	t.Helper()
-	files, err := filepath.Glob(filepath.Join(framework.RepoRoot(), glob))
-	if err != nil || len(files) == 0 {
-		t.Fatalf("%s: %v (%d files)", glob, err, len(files))
-	}
-	var out []*unstructured.Unstructured
-	for _, f := range files {
-		data, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
-		for {
-			u := &unstructured.Unstructured{}
-			if err := dec.Decode(&u.Object); err != nil {
-				if errors.Is(err, io.EOF) {
-					break
-				}
-				t.Fatalf("%s: %v", f, err)
-			}
-			if len(u.Object) > 0 {
-				out = append(out, u)
-			}
-		}
-	}
-	return out
-}
-
 func startCluster(t *testing.T) *cluster {
 	t.Helper()
 	env := framework.Start(t, framework.Options{NoKueue: true})
@@ -98,7 +60,7 @@ func startCluster(t *testing.T) *cluster {
 	// The shipped RBAC and policies, as written (no kustomize needed: the
 	// base files name gpupack-system themselves).
 	for _, glob := range []string{"manifests/base/rbac/*.yaml", "manifests/base/policy/*.yaml"} {
-		for _, u := range readObjects(t, glob) {
+		for _, u := range framework.ReadObjects(t, glob) {
 			if err := env.Client.Create(env.Ctx, u); err != nil && !apierrors.IsAlreadyExists(err) {
 				t.Fatalf("%s %s: %v", u.GetKind(), u.GetName(), err)
 			}

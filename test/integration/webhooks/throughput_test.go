@@ -2,11 +2,8 @@ package webhooks
 
 import (
 	"bufio"
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -25,7 +22,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	kruntime "k8s.io/apimachinery/pkg/runtime"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
@@ -367,39 +363,18 @@ func webhookLatency(t *testing.T, env *framework.Env, name string) (string, stri
 // with their bindings limited to namespaces, and waits until they apply.
 func installPolicies(t *testing.T, env *framework.Env, namespaces []string) {
 	t.Helper()
-	files, err := filepath.Glob(filepath.Join(framework.RepoRoot(), "manifests", "base", "policy", "*.yaml"))
-	if err != nil || len(files) == 0 {
-		t.Fatalf("policies: %v", err)
-	}
 	sel := &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "kubernetes.io/metadata.name", Operator: metav1.LabelSelectorOpIn, Values: namespaces}}}
-	for _, f := range files {
-		data, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
-		for {
-			u := &unstructured.Unstructured{}
-			if err := dec.Decode(&u.Object); err != nil {
-				if errors.Is(err, io.EOF) {
-					break
-				}
+	for _, u := range framework.ReadObjects(t, "manifests/base/policy/*.yaml") {
+		if u.GetKind() == "ValidatingAdmissionPolicyBinding" {
+			var b admissionregistrationv1.ValidatingAdmissionPolicyBinding
+			if err := runtimeConvert(u, &b); err != nil {
 				t.Fatal(err)
 			}
-			if len(u.Object) == 0 {
-				continue
-			}
-			if u.GetKind() == "ValidatingAdmissionPolicyBinding" {
-				var b admissionregistrationv1.ValidatingAdmissionPolicyBinding
-				if err := runtimeConvert(u, &b); err != nil {
-					t.Fatal(err)
-				}
-				b.Spec.MatchResources = &admissionregistrationv1.MatchResources{NamespaceSelector: sel}
-				env.MustCreate(t, &b)
-				continue
-			}
-			env.MustCreate(t, u)
+			b.Spec.MatchResources = &admissionregistrationv1.MatchResources{NamespaceSelector: sel}
+			env.MustCreate(t, &b)
+			continue
 		}
+		env.MustCreate(t, u)
 	}
 	env.Eventually(t, 30*time.Second, "the placement policy applies", func() (bool, string) {
 		p := gpuPod(namespaces[0], fmt.Sprintf("probe-%d", time.Now().UnixNano()), nil, corev1.Container{})
