@@ -18,10 +18,12 @@ build: devicehook
 	CGO_ENABLED=0 $(GO) build -ldflags "$(LDFLAGS)" -o bin/gpupack-ckpt ./cmd/gpupack-ckpt
 
 # Real control-plane binaries (etcd, kube-apiserver, kube-scheduler,
-# kube-controller-manager, Kueue, kwok, training-operator) built from the Go
-# module proxy into _output/tools; skipped when the pinned versions are there.
+# kube-controller-manager, Kueue, kwok, training-operator, and the JobSet and
+# LWS controllers the jobkinds suite runs) built from the Go module proxy into
+# _output/tools; skipped when the pinned versions are there.
 tools:
-	hack/build-tools.sh
+	hack/build-tools.sh all jobset lws trainer
+	hack/build-tools.sh mpi-operator kuberay
 
 devicehook:
 	@if [ -f devicehook/Makefile ]; then $(MAKE) -C devicehook; fi
@@ -37,6 +39,12 @@ integration: tools devicehook
 
 bench: devicehook
 	$(GO) test -run '^$$' -bench . -benchtime 2s ./...
+
+# Gang-fit check end to end through the real apiserver + Kueue (a load
+# driver, prints a table; docs/bench/gangfit-e2e.md). BENCH_E2E_ARGS sizes it.
+.PHONY: bench-e2e
+bench-e2e: tools
+	GPUPACK_SKIP_TOOLS_BUILD=1 $(GO) run ./admissioncheck/bench/e2e $(BENCH_E2E_ARGS)
 
 demo: tools devicehook
 	$(GO) run ./hack/demo

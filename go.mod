@@ -7,10 +7,12 @@ require (
 	github.com/evanphx/json-patch/v5 v5.9.11
 	github.com/go-logr/logr v1.4.3
 	github.com/google/go-cmp v0.7.0
+	github.com/kubeflow/mpi-operator v0.8.0
 	github.com/kubeflow/training-operator v1.9.3
 	github.com/open-policy-agent/cert-controller v0.16.0
 	github.com/prometheus/client_golang v1.24.0
 	github.com/prometheus/client_model v0.6.2
+	github.com/ray-project/kuberay/ray-operator v1.6.0
 	go.uber.org/zap v1.28.0
 	golang.org/x/sys v0.47.0
 	gomodules.xyz/jsonpatch/v2 v2.5.0

@@ -53,3 +53,46 @@ func TestAmbiguousPlanCreateNeverDoubleBooks(t *testing.T) {
 		t.Errorf("two plans hold the one GPU n1-g0")
 	}
 }
+
+// The ambiguous create did store the plan, and the informer shows it: the
+// Workload's next reconcile reuses that plan (Ready on the one GPU). The
+// GPUs held for the ambiguous write must not count beside the plan they
+// stood in for, or the plan would look overbooked by itself and be
+// replaced, the GPU held by nothing for GhostTTL.
+func TestAmbiguousPlanCreateThenShownIsReused(t *testing.T) {
+	a := admittedWorkload("a", "a-uid", 1, 1).obj()
+	failOnce := true
+	c := fake.NewClientBuilder().WithScheme(testScheme(t)).WithObjects(gangFitCheck(), gpuNode("n1", 1, nil), a).
+		WithStatusSubresource(&kueue.Workload{}, &v1alpha1.GPUPlan{}, &kueue.AdmissionCheck{}).
+		WithInterceptorFuncs(interceptor.Funcs{Create: func(ctx context.Context, cl client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+			if _, ok := obj.(*v1alpha1.GPUPlan); ok && failOnce {
+				failOnce = false
+				if err := cl.Create(ctx, obj, opts...); err != nil {
+					return err
+				}
+				return apierrors.NewTimeoutError("request did not complete within requested timeout", 1)
+			}
+			return cl.Create(ctx, obj, opts...)
+		}}).Build()
+	r := &workloadReconciler{client: c, planReader: c, recorder: record.NewFakeRecorder(100), clock: clocktesting.NewFakeClock(time.Date(2026, 1, 2, 0, 0, 0, 0, time.UTC))}
+	r.cache = listCache(t, c)
+	ctx := context.Background()
+	if _, err := r.Reconcile(ctx, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(a)}); err == nil {
+		t.Fatal("the ambiguous create was not reported")
+	}
+	stored := &v1alpha1.GPUPlan{}
+	if err := c.Get(ctx, client.ObjectKeyFromObject(a), stored); err != nil {
+		t.Fatal(err)
+	}
+	r.cache.UpsertPlan(stored) // the informer delivers it
+	if _, err := r.Reconcile(ctx, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(a)}); err != nil {
+		t.Fatal(err)
+	}
+	e := &env{t: t, c: c}
+	if st := e.check(a); st.State != kueue.CheckStateReady {
+		t.Errorf("check %s (%q), want Ready on the stored plan", st.State, st.Message)
+	}
+	if p := e.plan("a"); p == nil || p.UID != stored.UID {
+		t.Errorf("plan %v replaced, want the stored one (%s) reused", p, stored.UID)
+	}
+}

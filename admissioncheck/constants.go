@@ -20,8 +20,8 @@ const (
 	ReasonBadParametersRef = "BadParametersRef"
 	ReasonBadParameters    = "BadParameters"
 
-	// Event reasons on Workloads.
-	EventFits               = "GangFits"
+	// Event reasons on Workloads (a fit has none: the Ready check's message
+	// says it, naming the plan).
 	EventWaitingTerminating = "WaitingForTerminatingPods"
 	EventNoFit              = "GangDoesNotFit"
 	EventNeverFits          = "GangCanNeverFit"
@@ -30,6 +30,7 @@ const (
 	EventPlanLost           = "GPUPlanLost"
 	EventInventoryWarning   = "GPUInventoryWarning"
 	EventTASConflict        = "TopologyAssignmentConflict"
+	EventMultiKueue         = "CheckBelongsInWorkerClusters"
 
 	// Defaults of GangFitParameters.spec.retryBackoff.
 	DefaultRetryMinSeconds int32 = 5

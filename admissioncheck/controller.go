@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -48,11 +47,17 @@ type Options struct {
 	// OwnerTimeout bounds the read of a Workload's owner for job-level
 	// settings (default 2s); the read never goes through the informer cache.
 	OwnerTimeout time.Duration
+	// Workers is how many Workloads are decided at once (default
+	// DefaultWorkers). Each decision reads the model and assumes its plan
+	// under the model's lock; its API writes run outside it.
+	Workers int
 }
 
 const (
 	defaultReconcileTimeout = 30 * time.Second
 	defaultOwnerTimeout     = 2 * time.Second
+	// DefaultWorkers: decisions in flight at once.
+	DefaultWorkers = 4
 )
 
 // Setup registers both reconcilers with a manager.
@@ -69,6 +74,9 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 	if opts.OwnerTimeout <= 0 {
 		opts.OwnerTimeout = defaultOwnerTimeout
 	}
+	if opts.Workers <= 0 {
+		opts.Workers = DefaultWorkers
+	}
 	w := newWaiters()
 	r := &workloadReconciler{
 		client:       mgr.GetClient(),
@@ -80,6 +88,8 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 		cache:        gpucache.New(w.wake),
 		waiters:      w,
 	}
+	// A node lost under a plan's unbound slot wakes that Workload at once.
+	r.cache.SetOnNodeLost(w.wakeKeys)
 	synced, err := feedCache(context.Background(), mgr, r.cache)
 	if err != nil {
 		return err
@@ -91,9 +101,14 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 		// Capacity freed (a holder pod gone, a plan released, a node Ready)
 		// re-triggers the Workloads waiting for it.
 		WatchesRawSource(source.Channel(w.ch, &handler.TypedEnqueueRequestForObject[*kueue.Workload]{})).
-		// Decisions are serial: each sees the plans of the previous one, so
-		// two workloads never get the same GPU capacity.
-		WithOptions(controller.Options{MaxConcurrentReconciles: 1, ReconciliationTimeout: opts.ReconcileTimeout}).
+		// Decisions run side by side (one per Workload at a time, the
+		// workqueue's rule); none gets capacity another took, because each
+		// reads the model and assumes its plan in one gpucache.Read: a plan
+		// counts before the lock is let go, written or not. The API writes
+		// (plan create, check state) happen after it, and a create that
+		// fails forgets the assumption (ForgetHeld when it may have been
+		// stored).
+		WithOptions(controller.Options{MaxConcurrentReconciles: opts.Workers, ReconciliationTimeout: opts.ReconcileTimeout}).
 		Complete(r)
 }
 
@@ -113,7 +128,6 @@ type workloadReconciler struct {
 	lastCapacity time.Time
 	recorder     record.EventRecorder
 	clock        clock.Clock
-	mu           sync.Mutex
 }
 
 func (r *workloadReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
@@ -141,16 +155,23 @@ func (r *workloadReconciler) Reconcile(ctx context.Context, req reconcile.Reques
 		}
 		return reconcile.Result{}, r.releasePlan(ctx, wl, req.NamespacedName, "the gang-fit check is no longer required by the workload's ClusterQueue")
 	}
-	if !workload.HasQuotaReservation(wl) || workload.IsFinished(wl) || workload.IsEvicted(wl) || !workload.IsActive(wl) {
-		return reconcile.Result{}, r.releasePlan(ctx, wl, req.NamespacedName, "workload no longer holds quota")
+	if !reservationUsable(wl) {
+		if err := r.releasePlan(ctx, wl, req.NamespacedName, "workload no longer holds quota"); err != nil {
+			return reconcile.Result{}, err
+		}
+		return reconcile.Result{}, r.resetReady(ctx, wl, checks)
 	}
 	var requeue time.Duration
 	for _, name := range checks {
 		st := admissioncheck.FindAdmissionCheck(wl.Status.AdmissionChecks, name)
 		switch st.State {
 		case kueue.CheckStateReady:
-			if err := r.healReady(ctx, wl, name, st); err != nil {
+			after, err := r.healReady(ctx, wl, name, st)
+			if err != nil {
 				return reconcile.Result{}, err
+			}
+			if after > 0 && (requeue == 0 || after < requeue) {
+				requeue = after
 			}
 			continue
 		case kueue.CheckStatePending:
@@ -160,7 +181,7 @@ func (r *workloadReconciler) Reconcile(ctx context.Context, req reconcile.Reques
 			}
 			continue
 		}
-		after, err := r.decide(ctx, wl, name)
+		after, err := r.decide(ctx, wl, name, nil)
 		if errors.Is(err, errReservationChanged) {
 			// Evicted or re-admitted while deciding: the write was refused and
 			// the plan released; the Workload's own update brings it back.
@@ -179,10 +200,14 @@ func (r *workloadReconciler) Reconcile(ctx context.Context, req reconcile.Reques
 }
 
 // healReady: a Ready check whose podSetUpdates name a plan that is gone (or
-// belongs to an earlier workload of the same name) would leave the pods
-// gated for ever. Retry makes Kueue evict and requeue; the next admission
-// is planned afresh.
-func (r *workloadReconciler) healReady(ctx context.Context, wl *kueue.Workload, check kueue.AdmissionCheckReference, st *kueue.AdmissionCheckState) error {
+// belongs to an earlier workload of the same name, or to an earlier
+// admission of this one) would leave the pods gated for ever. A Ready left
+// over from an earlier admission (Kueue admitted the new reservation at
+// once on it) is planned again in place: a new plan under the name the
+// pods already carry, the same podSetUpdates. Otherwise, or when that does
+// not fit, Retry makes Kueue evict and requeue; the next admission is
+// planned afresh.
+func (r *workloadReconciler) healReady(ctx context.Context, wl *kueue.Workload, check kueue.AdmissionCheckReference, st *kueue.AdmissionCheckState) (time.Duration, error) {
 	name := ""
 	for _, u := range st.PodSetUpdates {
 		if v := u.Annotations[v1alpha1.AnnotationPlan]; v != "" {
@@ -190,28 +215,35 @@ func (r *workloadReconciler) healReady(ctx context.Context, wl *kueue.Workload, 
 		}
 	}
 	if name == "" {
-		return nil // no GPU pod set: nothing to place
+		return 0, nil // no GPU pod set: nothing to place
 	}
 	msg := fmt.Sprintf("GPUPlan %s of this admission is gone; re-planning", name)
-	if plan, ok := r.cache.Plan(client.ObjectKey{Namespace: wl.Namespace, Name: name}); ok && plan.Spec.WorkloadUID == wl.UID && plan.Status.Phase != v1alpha1.PlanReleased {
-		lost := r.lostNode(plan)
+	if plan, ok := r.cache.Plan(client.ObjectKey{Namespace: wl.Namespace, Name: name}); ok && planOfAdmission(plan, wl) {
+		lost, wait := r.lostNode(plan)
 		if lost == "" {
-			return nil
+			return wait, nil
 		}
-		msg = fmt.Sprintf("node %s of GPUPlan %s is gone, NotReady or cordoned before its pod was placed; re-planning", lost, name)
+		msg = fmt.Sprintf("node %s of GPUPlan %s is gone, cordoned or NotReady for more than %v before its pod was placed; re-planning", lost, name, gpucache.LostNodeGrace)
+	} else if name == wl.Name && staleReady(wl, st) {
+		after, err := r.decide(ctx, wl, check, st)
+		if errors.Is(err, errReservationChanged) {
+			return 0, nil
+		}
+		return after, err
 	}
 	r.recorder.Event(wl, corev1.EventTypeWarning, EventPlanLost, msg)
 	err := r.setState(ctx, wl, check, kueue.CheckStateRetry, msg, nil, nil)
 	if errors.Is(err, errReservationChanged) {
-		return nil
+		return 0, nil
 	}
-	return err
+	return 0, err
 }
 
-// decide evaluates one Pending check and writes the decision.
-func (r *workloadReconciler) decide(ctx context.Context, wl *kueue.Workload, check kueue.AdmissionCheckReference) (time.Duration, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+// decide evaluates one Pending check and writes the decision. With keep
+// set (a Ready state of an earlier admission, on which Kueue already
+// admitted this one), it re-plans in place: Ready again only with the same
+// podSetUpdates (the pods already carry them), else Retry.
+func (r *workloadReconciler) decide(ctx context.Context, wl *kueue.Workload, check kueue.AdmissionCheckReference, keep *kueue.AdmissionCheckState) (time.Duration, error) {
 	start := time.Now()
 	defer func() { decisionSeconds.Observe(time.Since(start).Seconds()) }()
 
@@ -227,7 +259,25 @@ func (r *workloadReconciler) decide(ctx context.Context, wl *kueue.Workload, che
 	}
 	planKey := client.ObjectKey{Namespace: wl.Namespace, Name: wl.Name}
 
-	gang, gangErr := r.gangOf(ctx, wl)
+	// Under MultiKueue the pods run in a worker cluster, whose own gang-fit
+	// check plans them on its GPUs. Here (the manager) a plan would reserve
+	// GPUs no pod of this workload will use, and a verdict on this
+	// cluster's inventory says nothing of the workers': never Ready, never
+	// Rejected, and the message says where the check belongs.
+	mk, err := admissioncheck.FilterForController(ctx, r.client, wl.Status.AdmissionChecks, kueue.MultiKueueControllerName)
+	if err != nil {
+		return 0, err
+	}
+	if len(mk) > 0 {
+		decisions.WithLabelValues(ResultRetry).Inc()
+		msg := fmt.Sprintf("the workload is dispatched to worker clusters by MultiKueue (admission check %s): gang-fit plans GPUs in the cluster that runs the pods, so configure it on the worker clusters' ClusterQueues and remove it from this one; no plan is made here", mk[0])
+		if st := admissioncheck.FindAdmissionCheck(wl.Status.AdmissionChecks, check); st == nil || st.Message != msg {
+			r.recorder.Event(wl, corev1.EventTypeWarning, EventMultiKueue, msg)
+		}
+		return 0, r.setState(ctx, wl, check, kueue.CheckStateRetry, msg, nil, params)
+	}
+
+	gang, aff, gangErr := r.gangOf(ctx, wl)
 	if re := (*readError)(nil); errors.As(gangErr, &re) {
 		return 0, gangErr // transient: retried, never Rejected, the stored plan kept
 	}
@@ -235,18 +285,27 @@ func (r *workloadReconciler) decide(ctx context.Context, wl *kueue.Workload, che
 	// before marking the check Ready) is reused: deciding again would count
 	// it twice or hand its GPUs to someone else. Only while it still matches
 	// the admission: pod counts and flavors can change between admissions.
+	buf := flavors.NewBuffer(params.Spec.Buffer.DriverOverheadMiB, params.Spec.Buffer.BufferPercent)
 	if existing, ok := r.cache.Plan(planKey); ok {
-		if existing.Spec.WorkloadUID == wl.UID && existing.Status.Phase != v1alpha1.PlanReleased && gangErr == nil {
+		ours := planOfAdmission(existing, wl)
+		if ours && gangErr == nil {
 			why := r.planMismatch(ctx, existing, gang)
 			if why == "" {
-				return 0, r.writeReady(ctx, wl, check, existing.DeepCopy(), params, "GPUs reserved by an existing plan")
+				// Reused only where it still fits beside everything else:
+				// a create of an earlier leader may have landed after this
+				// process listed the plans and planned those GPUs again.
+				r.cache.Read(buf, func(s *gpucache.Snapshot) { why = s.Overbooked(planKey) })
+			}
+			if why == "" {
+				return 0, r.writeReady(ctx, wl, check, existing.DeepCopy(), params, "GPUs reserved by an existing plan", keep)
 			}
 			ctrl.LoggerFrom(ctx).V(2).Info("stored plan does not match the admission; planning again", "plan", existing.Name, "why", why)
 		}
 		// Replaced while the check is Pending: no pod of this admission
-		// exists yet, so its slots are free at once (an earlier workload's
-		// plan is released as usual).
-		if err := r.deletePlan(ctx, existing, existing.Spec.WorkloadUID != wl.UID); err != nil {
+		// exists yet, so its slots are free at once. A plan of an earlier
+		// workload, or of an earlier admission of this one (whose pods may
+		// still be terminating), is released as usual.
+		if err := r.deletePlan(ctx, existing, !ours || keep != nil); err != nil {
 			return 0, err
 		}
 	}
@@ -254,6 +313,9 @@ func (r *workloadReconciler) decide(ctx context.Context, wl *kueue.Workload, che
 	if gangErr != nil {
 		decisions.WithLabelValues(ResultRejected).Inc()
 		msg := "the GPU request cannot be read: " + gangErr.Error()
+		if errors.Is(gangErr, inventory.ErrNotPlanned) {
+			msg = "the gang cannot be planned: " + gangErr.Error()
+		}
 		r.recorder.Event(wl, corev1.EventTypeWarning, EventBadRequest, msg)
 		return 0, r.setState(ctx, wl, check, kueue.CheckStateRejected, msg, nil, params)
 	}
@@ -272,7 +334,6 @@ func (r *workloadReconciler) decide(ctx context.Context, wl *kueue.Workload, che
 		return 0, r.setState(ctx, wl, check, kueue.CheckStateReady, "no pod set asks for GPUs", volcano.AddPodSetUpdates(wl, params, nil), params)
 	}
 	level := r.levelFor(ctx, wl, params)
-	buf := flavors.NewBuffer(params.Spec.Buffer.DriverOverheadMiB, params.Spec.Buffer.BufferPercent)
 	opts := fit.Options{Levels: params.Spec.TopologyLevels, Level: level, Policy: params.Spec.Policy}
 	if s := params.Spec.Search.MaxSteps; s != nil {
 		opts.MaxSteps = *s
@@ -293,9 +354,9 @@ func (r *workloadReconciler) decide(ctx context.Context, wl *kueue.Workload, che
 	r.cache.Read(buf, func(s *gpucache.Snapshot) {
 		r.recordCapacity(s, params.Spec.TopologyLevels)
 		warnings, terminating = s.Warnings, s.Terminating
-		v = s.Decide(gang, opts)
+		v = s.Decide(gang, aff, opts)
 		if v.Result.Fits {
-			plan, planErr = r.newPlan(wl, v.Result)
+			plan, planErr = r.newPlan(wl, gang, aff, v.Result)
 			if planErr == nil {
 				s.Assume(plan.DeepCopy())
 			}
@@ -310,16 +371,35 @@ func (r *workloadReconciler) decide(ctx context.Context, wl *kueue.Workload, che
 			return 0, err
 		}
 		decisions.WithLabelValues(ResultReady).Inc()
-		msg := fmt.Sprintf("all %d pods fit on %d GPUs%s", gang.Pods(), plan.Spec.GPUCount, inDomain(res))
-		if err := r.writeReady(ctx, wl, check, plan, params, msg); err != nil {
-			return 0, err
+		// The check's message says what a GangFits Event used to (no Event
+		// for a fit: one API request per admitted Workload less).
+		msg := fmt.Sprintf("all %d pods fit on %d GPUs%s; GPUPlan %s", gang.Pods(), plan.Spec.GPUCount, inDomain(res), plan.Name)
+		if keep != nil {
+			msg += " (planned again: this admission began on the Ready check of an earlier one)"
 		}
-		r.recorder.Event(wl, corev1.EventTypeNormal, EventFits, msg+"; plan "+plan.Name)
-		return 0, nil
+		return 0, r.writeReady(ctx, wl, check, plan, params, msg, keep)
 	}
 	why := summarize(res)
 	if len(warnings) > 0 {
 		r.recorder.Event(wl, corev1.EventTypeWarning, EventInventoryWarning, truncate(warningsLine(warnings)))
+	}
+	if keep != nil {
+		// Admitted already: Pending would stop the job all the same. While
+		// the gang fits once terminating pods (or a released plan's ghosts)
+		// are gone, the stale Ready is left as it is, its pods gated on the
+		// plan name they carry, and looked at again (bounded as Pending is);
+		// otherwise Retry says why.
+		if qr := apimeta.FindStatusCondition(wl.Status.Conditions, kueue.WorkloadQuotaReserved); v.SettledFits && qr != nil &&
+			r.clock.Since(qr.LastTransitionTime.Time) <= maxPendingOnTerminating {
+			decisions.WithLabelValues(ResultPending).Inc()
+			r.wait(wl, true)
+			return pendingRecheck, nil
+		}
+		r.wait(wl, false)
+		decisions.WithLabelValues(ResultRetry).Inc()
+		msg := "this admission began on the Ready check of an earlier one, whose GPUPlan is gone, and the gang does not fit now: " + why
+		r.recorder.Event(wl, corev1.EventTypeWarning, EventPlanLost, truncate(msg))
+		return 0, r.setState(ctx, wl, check, kueue.CheckStateRetry, msg, nil, params)
 	}
 	if st := admissioncheck.FindAdmissionCheck(wl.Status.AdmissionChecks, check); v.SettledFits && st != nil &&
 		!st.LastTransitionTime.IsZero() && r.clock.Since(st.LastTransitionTime.Time) > maxPendingOnTerminating {
@@ -367,8 +447,19 @@ func (r *workloadReconciler) decide(ctx context.Context, wl *kueue.Workload, che
 
 // writeReady marks the check Ready for plan; if the Workload lost the
 // reservation meanwhile, the plan is released (its capacity is not the
-// next admission's) and errReservationChanged returned.
-func (r *workloadReconciler) writeReady(ctx context.Context, wl *kueue.Workload, check kueue.AdmissionCheckReference, plan *v1alpha1.GPUPlan, params *v1alpha1.GangFitParameters, msg string) error {
+// next admission's) and errReservationChanged returned. With keep set, the
+// podSetUpdates must stay keep's (Kueue refuses to change a Ready check's,
+// and the pods already carry them): if they would not, the plan is dropped
+// and the check set to Retry.
+func (r *workloadReconciler) writeReady(ctx context.Context, wl *kueue.Workload, check kueue.AdmissionCheckReference, plan *v1alpha1.GPUPlan, params *v1alpha1.GangFitParameters, msg string, keep *kueue.AdmissionCheckState) error {
+	if keep != nil && !equality.Semantic.DeepEqual(readyUpdates(wl, plan, params), keep.PodSetUpdates) {
+		if err := r.deletePlan(ctx, plan, false); err != nil {
+			return err
+		}
+		msg := fmt.Sprintf("this admission began on the Ready check of an earlier one, whose GPUPlan is gone; a new plan fits but not in the domain the pods were given (%s); retrying", inDomainOf(plan))
+		r.recorder.Event(wl, corev1.EventTypeWarning, EventPlanLost, msg)
+		return r.setState(ctx, wl, check, kueue.CheckStateRetry, msg, nil, params)
+	}
 	err := r.setReady(ctx, wl, check, plan, params, msg)
 	if errors.Is(err, errReservationChanged) {
 		if derr := r.deletePlan(ctx, plan, true); derr != nil {
@@ -456,7 +547,7 @@ func truncate(s string) string {
 
 // gangOf reads the workload's GPU pod sets, with the admitted counts and the
 // node labels and tolerations of the flavors Kueue assigned.
-func (r *workloadReconciler) gangOf(ctx context.Context, wl *kueue.Workload) (fit.Gang, error) {
+func (r *workloadReconciler) gangOf(ctx context.Context, wl *kueue.Workload) (fit.Gang, []inventory.PodAffinity, error) {
 	podSets := make([]kueue.PodSet, len(wl.Spec.PodSets))
 	for i := range wl.Spec.PodSets {
 		podSets[i] = *wl.Spec.PodSets[i].DeepCopy()
@@ -477,12 +568,12 @@ func (r *workloadReconciler) gangOf(ctx context.Context, wl *kueue.Workload) (fi
 					}
 				}
 				if err := r.applyFlavors(ctx, &podSets[i], psa.Flavors); err != nil {
-					return fit.Gang{}, err
+					return fit.Gang{}, nil, err
 				}
 			}
 		}
 	}
-	return inventory.GangFromPodSets(podSets)
+	return inventory.GangFromPodSets(wl.Namespace, podSets)
 }
 
 func (r *workloadReconciler) applyFlavors(ctx context.Context, ps *kueue.PodSet, fl map[corev1.ResourceName]kueue.ResourceFlavorReference) error {
@@ -549,25 +640,45 @@ func (r *workloadReconciler) levelFor(ctx context.Context, wl *kueue.Workload, p
 }
 
 // newPlan renders a fit result as the workload's plan object.
-func (r *workloadReconciler) newPlan(wl *kueue.Workload, res fit.Result) (*v1alpha1.GPUPlan, error) {
+func (r *workloadReconciler) newPlan(wl *kueue.Workload, gang fit.Gang, aff []inventory.PodAffinity, res fit.Result) (*v1alpha1.GPUPlan, error) {
 	plan := &v1alpha1.GPUPlan{
 		ObjectMeta: metav1.ObjectMeta{Name: wl.Name, Namespace: wl.Namespace,
 			Labels: map[string]string{"gpupack.io/workload": truncateLabel(wl.Name)}},
 		Spec: inventory.PlanFromResult(res),
 	}
 	plan.Spec.WorkloadName, plan.Spec.WorkloadUID = wl.Name, wl.UID
-	plan.Status.Phase = v1alpha1.PlanPlanned
+	plan.Annotations = map[string]string{}
+	if a := admissionOf(wl); a != "" {
+		plan.Annotations[v1alpha1.AnnotationAdmission] = a
+	}
+	// A slot no pod is on yet reserves its pod's cpu, memory, … on its node.
+	reqs := map[string]map[corev1.ResourceName]int64{}
+	for _, ps := range gang.PodSets {
+		reqs[ps.Name] = ps.Requests
+		if reqs[ps.Name] == nil {
+			reqs[ps.Name] = map[corev1.ResourceName]int64{}
+		}
+	}
+	if s := inventory.FormatPodRequests(reqs); s != "" {
+		plan.Annotations[v1alpha1.AnnotationPodRequests] = s
+	}
+	// A slot no pod is bound to yet stands for its pod in pod anti-affinity.
+	if s := inventory.FormatPodAffinity(aff); s != "" {
+		plan.Annotations[v1alpha1.AnnotationPodAffinity] = s
+	}
+	// No status: a plan's phase is empty until the placement ungater binds
+	// its first pod (Planned, then Placed); empty reserves like Planned.
 	if err := controllerutil.SetOwnerReference(wl, plan, r.client.Scheme()); err != nil {
 		return nil, err
 	}
 	return plan, nil
 }
 
-// createPlan writes an assumed plan; if the write fails the assumption is
-// forgotten (the GPUs are free again).
+// createPlan writes an assumed plan, in one request (the spec is the whole
+// reservation; the status subresource is the placement ungater's); if the
+// write fails the assumption is forgotten (the GPUs are free again).
 func (r *workloadReconciler) createPlan(ctx context.Context, plan *v1alpha1.GPUPlan) error {
 	key := client.ObjectKeyFromObject(plan)
-	status := plan.Status
 	if err := r.client.Create(ctx, plan); err != nil {
 		if definitelyNotWritten(err) {
 			r.cache.Forget(key, plan.Spec.WorkloadUID)
@@ -579,10 +690,7 @@ func (r *workloadReconciler) createPlan(ctx context.Context, plan *v1alpha1.GPUP
 		return err
 	}
 	r.cache.Created(key, plan.Spec.WorkloadUID, plan.UID)
-	plan.Status = status
-	// A failed status write leaves a plan without phase: it reserves its
-	// slots all the same (only Released does not), and is reused next time.
-	return r.client.Status().Update(ctx, plan)
+	return nil
 }
 
 // definitelyNotWritten reports errors after which the apiserver cannot have
@@ -647,6 +755,18 @@ func (r *workloadReconciler) deletePlan(ctx context.Context, plan *v1alpha1.GPUP
 }
 
 func (r *workloadReconciler) setReady(ctx context.Context, wl *kueue.Workload, check kueue.AdmissionCheckReference, plan *v1alpha1.GPUPlan, params *v1alpha1.GangFitParameters, msg string) error {
+	return r.setState(ctx, wl, check, kueue.CheckStateReady, msg, readyUpdates(wl, plan, params), nil)
+}
+
+func inDomainOf(plan *v1alpha1.GPUPlan) string {
+	if plan.Spec.Level == "" {
+		return "the whole cluster"
+	}
+	return plan.Spec.Level + "=" + plan.Spec.Domain
+}
+
+// readyUpdates are the podSetUpdates of a Ready check for plan.
+func readyUpdates(wl *kueue.Workload, plan *v1alpha1.GPUPlan, params *v1alpha1.GangFitParameters) []kueue.PodSetUpdate {
 	var updates []kueue.PodSetUpdate
 	gpuSets := map[string]bool{}
 	for _, a := range plan.Spec.Assignments {
@@ -665,8 +785,7 @@ func (r *workloadReconciler) setReady(ctx context.Context, wl *kueue.Workload, c
 		updates = append(updates, u)
 	}
 	// Pods run under Volcano join the workload's one PodGroup.
-	updates = volcano.AddPodSetUpdates(wl, params, updates)
-	return r.setState(ctx, wl, check, kueue.CheckStateReady, msg, updates, nil)
+	return volcano.AddPodSetUpdates(wl, params, updates)
 }
 
 // tasAssigned names a GPU pod set to which Kueue TAS assigned a topology.
@@ -687,18 +806,28 @@ func tasAssigned(wl *kueue.Workload, gang fit.Gang) string {
 }
 
 // lostNode names a node of a slot no pod is bound to yet that is deleted,
-// NotReady or cordoned: the pod planned there cannot start ("" if none).
-func (r *workloadReconciler) lostNode(plan *v1alpha1.GPUPlan) string {
+// cordoned, or NotReady for gpucache.LostNodeGrace: the pod planned there
+// cannot start ("" if none; wait > 0: a node is NotReady within the grace,
+// look again then).
+func (r *workloadReconciler) lostNode(plan *v1alpha1.GPUPlan) (string, time.Duration) {
 	bound := map[string]bool{}
 	for _, b := range plan.Status.Bindings {
 		bound[fmt.Sprintf("%s/%d", b.PodSet, b.Index)] = true
 	}
+	var wait time.Duration
 	for _, a := range plan.Spec.Assignments {
-		if !bound[fmt.Sprintf("%s/%d", a.PodSet, a.Index)] && !r.cache.NodeUsable(a.Node) {
-			return a.Node
+		if bound[fmt.Sprintf("%s/%d", a.PodSet, a.Index)] {
+			continue
+		}
+		lost, w := r.cache.NodeLost(a.Node)
+		if lost {
+			return a.Node, 0
+		}
+		if w > 0 && (wait == 0 || w < wait) {
+			wait = w
 		}
 	}
-	return ""
+	return "", wait
 }
 
 // errReservationChanged: the Workload no longer holds the quota reservation
@@ -744,8 +873,8 @@ func (r *workloadReconciler) setState(ctx context.Context, wl *kueue.Workload, c
 		if old == nil {
 			return nil
 		}
-		if old.State == state && old.Message == msg && state != kueue.CheckStateReady {
-			return nil
+		if old.State == state && old.Message == msg && (state != kueue.CheckStateReady || equality.Semantic.DeepEqual(old.PodSetUpdates, updates)) {
+			return nil // nothing would change: no write
 		}
 		ns := *old.DeepCopy()
 		if ns.State != state {

@@ -112,6 +112,22 @@ func (w *waiters) wake() {
 	}
 }
 
+// wakeKeys enqueues the given Workloads (plans are named after their
+// Workload, in its namespace). Blocking would stall the informer; a full
+// channel drops the rest, and the Workload's next reconcile (every
+// reconcile of a Ready check looks for lost nodes) is the backstop.
+func (w *waiters) wakeKeys(keys []types.NamespacedName) {
+	for _, k := range keys {
+		wl := &kueue.Workload{}
+		wl.Namespace, wl.Name = k.Namespace, k.Name
+		select {
+		case w.ch <- event.TypedGenericEvent[*kueue.Workload]{Object: wl}:
+		default:
+			return
+		}
+	}
+}
+
 func (r *workloadReconciler) wait(wl *kueue.Workload, waiting bool) {
 	if r.waiters == nil {
 		return

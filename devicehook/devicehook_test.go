@@ -59,7 +59,9 @@ func (e env) list() []string {
 		}
 		out = append(out, kv)
 	}
-	out = append(out, "LD_LIBRARY_PATH="+fakeDir)
+	if _, ok := e["LD_LIBRARY_PATH"]; !ok {
+		out = append(out, "LD_LIBRARY_PATH="+fakeDir)
+	}
 	for k, v := range e {
 		out = append(out, k+"="+v)
 	}

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -79,10 +81,16 @@ const smBand = 8
 // the defect this guards against (100 %, 50/50) fails both runs.
 func shares(t *testing.T, measure func() []float64, want ...float64) []float64 {
 	t.Helper()
+	return sharesWithin(t, smBand, measure, want...)
+}
+
+// sharesWithin is shares with another band.
+func sharesWithin(t *testing.T, band float64, measure func() []float64, want ...float64) []float64 {
+	t.Helper()
 	got := measure()
 	for i, w := range want {
-		if math.Abs(got[i]-w) > smBand {
-			t.Logf("shares %v outside ±%d of %v; measuring once more", got, smBand, want)
+		if math.Abs(got[i]-w) > band {
+			t.Logf("shares %v outside ±%.0f of %v; measuring once more", got, band, want)
 			return measure()
 		}
 	}
@@ -184,5 +192,98 @@ func TestSMLimitOnMIGSaysItDoesNotApply(t *testing.T) {
 	}
 	if got := float(t, parseKV(string(out)), "util"); got < 80 {
 		t.Errorf("on MIG the process should run unthrottled, got %.1f%%", got)
+	}
+}
+
+// A sample stamped twice (the same window, a stamp 1 us newer: a stamp
+// computed across a clock adjustment or a preemption) is no new
+// information. Before, one such gap became the cadence for good: every
+// later window was 1 us long, the rate followed the CPU scheduler's noise,
+// and 30 % alone read 43-44 % in rare runs (the outlier recorded in
+// docs/bench/devicehook.md). The debug log shows each window learnt from.
+func TestSMLimiterIgnoresRestampedSamples(t *testing.T) {
+	e := limitedAt(30, 167, 100000)
+	e["FAKENVML_RESTAMP_EVERY"] = "7"
+	e["LIBCUDA_LOG_LEVEL"] = "4"
+	e["FAKECUDA_STATE"] = filepath.Join(t.TempDir(), "device")
+	var logs string
+	got := shares(t, func() []float64 {
+		cmd := command(e, "gpa", "launch", "kernel", "4", "2")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("launch: %v: %s", err, out)
+		}
+		logs = string(out)
+		return []float64{float(t, parseKV(logs), "util")}
+	}, 30)
+	within(t, "30% alone with re-stamped samples", got[0], 30, smBand)
+	windows := regexp.MustCompile(`util [0-9.]+ in (\d+) us`).FindAllStringSubmatch(logs, -1)
+	if len(windows) == 0 {
+		t.Fatalf("no limiter debug lines:\n%s", logs)
+	}
+	for _, w := range windows {
+		if us, _ := strconv.Atoi(w[1]); us < 20000 {
+			t.Errorf("the limiter learnt from a %d us window (a re-stamped sample taken for a new one)", us)
+			break
+		}
+	}
+	t.Logf("30%% alone, every 7th stale read re-stamped: %.1f%%, %d windows", got[0], len(windows))
+}
+
+// The floor: an NVML that starts charging us 100 % (a neighbour's work
+// put on our pid) one second in drives the pacing rate down; it never
+// falls below a quarter of the first calibrated rate. Since issue 15 H1/H2
+// the budget also charges what NVML says we ran, and that cannot be told
+// from a tenant whose kernels are heavier than its launches look: a wrong
+// NVML now holds the container near 2 % (each window we run in reads
+// 100 %, so 2.3 windows off follow it, at the floor's 7.5 % in the
+// window). Trusting the node's NVML (H3a) is the premise. Without the
+// floor this measured 0.02 %; it must stay well above that and never
+// above the limit.
+func TestSMLimiterNeverStarvesBelowTheFloor(t *testing.T) {
+	e := limitedAt(30, 167, 100000)
+	e["FAKENVML_LIE_AFTER_MS"] = "1000"
+	// The floor's share is small (~2 %) and CPU starvation on a loaded
+	// machine can push one run under the bar: up to three runs, the best
+	// counts (with the floor removed every run reads ~0.02 %).
+	var got float64
+	for attempt := 0; attempt < 3 && got < 0.5; attempt++ {
+		got = max(got, launchUtil(t, "kernel", 5, 3, e)[0])
+	}
+	t.Logf("30%% limit, NVML reading 100%% for us after 1 s: %.2f%%", got)
+	if got < 0.5 || got > 30+smBand {
+		t.Errorf("got %.2f%% of the device, want the floor's share (~2%%, at least 0.5) and never above the limit", got)
+	}
+}
+
+// Issue 15 L1: the tests above run the control loop every 10 ms; the
+// product runs it every 100 ms (GPUPACK_SM_PERIOD_MS's default, and the
+// only period with limits from the node's file). At that period the
+// limiter holds the ±5 points the docs promise, alone and as a 30/70 pair,
+// at both NVML cadences (spread over runs: docs/bench/devicehook.md).
+func TestSMLimiterAtTheProductionPeriod(t *testing.T) {
+	const band = 5
+	at := func(pct, cadence, offset int) env {
+		e := limitedAt(pct, cadence, offset)
+		delete(e, "GPUPACK_SM_PERIOD_MS") // the default: 100 ms
+		return e
+	}
+	for _, cadence := range []int{167, 1000} {
+		secs, warm := spanFor(cadence)
+		t.Run(fmt.Sprintf("alone/cadence=%dms", cadence), func(t *testing.T) {
+			got := sharesWithin(t, band, func() []float64 {
+				return launchUtil(t, "kernel", secs, warm, at(30, cadence, 100000))
+			}, 30)
+			t.Logf("30%% alone, 100 ms period, NVML every %d ms: %.1f%%", cadence, got[0])
+			within(t, "30% alone", got[0], 30, band)
+		})
+		t.Run(fmt.Sprintf("pair/cadence=%dms", cadence), func(t *testing.T) {
+			got := sharesWithin(t, band, func() []float64 {
+				return launchUtil(t, "kernel", secs, warm, at(30, cadence, 100000), at(70, cadence, 200000))
+			}, 30, 70)
+			t.Logf("30/70, 100 ms period, NVML every %d ms: %.1f / %.1f", cadence, got[0], got[1])
+			within(t, "the 30% container", got[0], 30, band)
+			within(t, "the 70% container", got[1], 70, band)
+		})
 	}
 }

@@ -103,6 +103,7 @@ func refLimitsFile(text string) string {
 	memDev, smDev := map[int]uint64{}, map[int]int{}
 	seen := map[string]bool{}
 	reserve, logLevel, cache := uint64(0), 1, "-"
+	uuids := map[int]string{}
 	for _, line := range strings.Split(text, "\n") {
 		line = strings.Trim(line, blanks)
 		if line == "" || line[0] == '#' {
@@ -117,7 +118,8 @@ func refLimitsFile(text string) string {
 			return closedLine
 		}
 		mi, si := refDevKey(k, "CUDA_DEVICE_MEMORY_LIMIT"), refDevKey(k, "CUDA_DEVICE_SM_LIMIT")
-		known := mi != -1 || si != -1 || k == "CUDA_DEVICE_MEMORY_SHARED_CACHE" || k == "GPUPACK_CONTEXT_RESERVE" ||
+		ui := refDevKey(k, "GPUPACK_DEVICE_UUID")
+		known := mi != -1 || si != -1 || ui != -1 || k == "CUDA_DEVICE_MEMORY_SHARED_CACHE" || k == "GPUPACK_CONTEXT_RESERVE" ||
 			k == "LIBCUDA_LOG_LEVEL"
 		if !known || len(k) >= 128 {
 			continue // unknown keys are ignored
@@ -150,6 +152,17 @@ func refLimitsFile(text string) string {
 			} else {
 				smDev[si] = p
 			}
+		case ui != -1:
+			u, ok := refUUID(v)
+			if ui < 0 || !ok {
+				return closedLine
+			}
+			for _, other := range uuids {
+				if other == u {
+					return closedLine // one GPU for two indices
+				}
+			}
+			uuids[ui] = u
 		case k == "CUDA_DEVICE_MEMORY_SHARED_CACHE":
 			if !strings.HasPrefix(v, "/") {
 				return closedLine
@@ -184,8 +197,43 @@ func refLimitsFile(text string) string {
 		}
 		return strconv.FormatUint(b, 10)
 	}
-	return fmt.Sprintf("mem=%s,%s sm=%d,%d reserve=%d period=100 log=%d disabled=0 file=1 closed=0 cache=%s",
+	line := fmt.Sprintf("mem=%s,%s sm=%d,%d reserve=%d period=100 log=%d disabled=0 file=1 closed=0 cache=%s",
 		lim(mem[0]), lim(mem[1]), sm[0], sm[1], reserve, logLevel, cache)
+	if len(uuids) > 0 {
+		var parts []string
+		for i := range 16 {
+			if u, ok := uuids[i]; ok {
+				parts = append(parts, fmt.Sprintf("%d:%s", i, u))
+			}
+		}
+		line += " uuids=" + strings.Join(parts, ",")
+	}
+	return line
+}
+
+// refUUID reads GPUPACK_DEVICE_UUID_<i>'s value: "GPU-" or "MIG-", then
+// 8-4-4-4-12 hex digits; the 16 bytes in lower-case hex.
+func refUUID(v string) (string, bool) {
+	rest, ok := strings.CutPrefix(v, "GPU-")
+	if !ok {
+		if rest, ok = strings.CutPrefix(v, "MIG-"); !ok {
+			return "", false
+		}
+	}
+	groups := strings.Split(rest, "-")
+	if len(groups) != 5 {
+		return "", false
+	}
+	var hex strings.Builder
+	for i, n := range []int{8, 4, 4, 4, 12} {
+		if len(groups[i]) != n || strings.IndexFunc(groups[i], func(r rune) bool {
+			return !(r >= '0' && r <= '9' || r >= 'a' && r <= 'f' || r >= 'A' && r <= 'F')
+		}) >= 0 {
+			return "", false
+		}
+		hex.WriteString(strings.ToLower(groups[i]))
+	}
+	return hex.String(), true
 }
 
 func checkLimitsFile(t *testing.T, text string) {
@@ -229,6 +277,21 @@ var limitsFileCases = []struct{ name, text string }{
 	{"disable control is not a file key", "CUDA_DISABLE_CONTROL=1\nCUDA_DEVICE_MEMORY_LIMIT=64m\n"},
 	{"too big", "CUDA_DEVICE_MEMORY_LIMIT=64m\n" + strings.Repeat("#", 64*1024)},
 	{"exactly 64 KiB", "CUDA_DEVICE_MEMORY_LIMIT=64m\n" + strings.Repeat("#", 64*1024-29)},
+	{"device UUIDs", "CUDA_DEVICE_MEMORY_LIMIT_0=1g\nGPUPACK_DEVICE_UUID_0=GPU-fa4e0000-0000-4000-8000-000000000000\n" +
+		"GPUPACK_DEVICE_UUID_1 = MIG-FA4E0000-0000-4000-8000-0000000000Ab\n"},
+	{"device UUID for a high index", "GPUPACK_DEVICE_UUID_15=GPU-fa4e0000-0000-4000-8000-00000000000f\n"},
+	{"device UUID without an index", "GPUPACK_DEVICE_UUID=GPU-fa4e0000-0000-4000-8000-000000000000\n"},
+	{"device UUID index too big", "GPUPACK_DEVICE_UUID_16=GPU-fa4e0000-0000-4000-8000-000000000000\n"},
+	{"device UUID twice", "GPUPACK_DEVICE_UUID_0=GPU-fa4e0000-0000-4000-8000-000000000000\n" +
+		"GPUPACK_DEVICE_UUID_0=GPU-fa4e0000-0000-4000-8000-000000000001\n"},
+	{"one GPU for two indices", "GPUPACK_DEVICE_UUID_0=GPU-fa4e0000-0000-4000-8000-000000000000\n" +
+		"GPUPACK_DEVICE_UUID_1=MIG-fa4e0000-0000-4000-8000-000000000000\n"},
+	{"device UUID too short", "GPUPACK_DEVICE_UUID_0=GPU-fa4e0000-0000-4000-8000-00000000000\n"},
+	{"device UUID too long", "GPUPACK_DEVICE_UUID_0=GPU-fa4e0000-0000-4000-8000-0000000000000\n"},
+	{"device UUID not hex", "GPUPACK_DEVICE_UUID_0=GPU-fa4e0000-0000-4000-8000-00000000000g\n"},
+	{"device UUID no prefix", "GPUPACK_DEVICE_UUID_0=fa4e0000-0000-4000-8000-000000000000\n"},
+	{"device UUID old MIG form", "GPUPACK_DEVICE_UUID_0=MIG-GPU-fa4e0000-0000-4000-8000-000000000000/1/0\n"},
+	{"device UUID dashes moved", "GPUPACK_DEVICE_UUID_0=GPU-fa4e000-00000-4000-8000-000000000000\n"},
 }
 
 func TestLimitsFileContract(t *testing.T) {
@@ -253,10 +316,11 @@ func FuzzLimitsFile(f *testing.F) {
 	f.Fuzz(func(t *testing.T, text string) { checkLimitsFile(t, text) })
 }
 
-// loadLimits runs the whole rule (gp_config_load) on a file at path.
-func loadLimits(t *testing.T, path string, e env) (string, string) {
+// loadLimits runs the whole rule (gp_config_load) on a file at path;
+// extra "node" loads it as gpupack-node's own copy of the library.
+func loadLimits(t *testing.T, path string, e env, extra ...string) (string, string) {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(buildDir, "envparse"), "load", path)
+	cmd := exec.Command(filepath.Join(buildDir, "envparse"), append([]string{"load", path}, extra...)...)
 	cmd.Env = e.list()
 	out, err := cmd.CombinedOutput()
 	if err != nil {
@@ -274,6 +338,13 @@ func TestLimitsFileLoading(t *testing.T) {
 	write := func(name, text string) string {
 		p := filepath.Join(dir, name)
 		if err := os.WriteFile(p, []byte(text), 0o444); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	symlink := func(target, name string) string {
+		p := filepath.Join(dir, name)
+		if err := os.Symlink(target, p); err != nil {
 			t.Fatal(err)
 		}
 		return p
@@ -301,7 +372,45 @@ func TestLimitsFileLoading(t *testing.T) {
 		{"a directory", dir, closedLine, true},
 		{"a FIFO (must not block)", fifo, closedLine, true},
 		{"over 64 KiB", write("big", strings.Repeat("# padding\n", 7000)), closedLine, true},
+		// Issue 15 H5(a): a symlink at the path or above it is not the
+		// node's file (the tenant's image can plant either).
+		{"a symlink to a good file", symlink(write("target", "CUDA_DEVICE_MEMORY_LIMIT=64g\n"), "link"), closedLine, true},
+		{"a dangling symlink", symlink(filepath.Join(dir, "nowhere"), "dangling"), closedLine, true},
+		{"a file through a symlinked folder", filepath.Join(symlink(dir, "linkdir"), "ok"), closedLine, true},
 	}
+	// On gpupack-node's own copy of the library a missing file is a
+	// hidden one (issue 14 finding 4): refuse, never the environment.
+	fileLine := "mem=67108864,67108864 sm=30,30 reserve=0 period=100 log=1 disabled=0 file=1 closed=0 cache=-"
+	nodeCases := []struct {
+		name, path, want string
+		loud             bool
+	}{
+		{"node: absent fails closed", filepath.Join(dir, "absent"), closedLine, true},
+		{"node: a path through a file fails closed", filepath.Join(write("notdir2", ""), "limits"), closedLine, true},
+		{"node: the file's limits", write("ok2", "CUDA_DEVICE_MEMORY_LIMIT=64m\nCUDA_DEVICE_SM_LIMIT=30\n"), fileLine, false},
+		{"node: unparsable fails closed", write("bad2", "x\n"), closedLine, true},
+	}
+	for _, c := range nodeCases {
+		t.Run(c.name, func(t *testing.T) {
+			got, logs := loadLimits(t, c.path, hostile, "node")
+			if got != c.want {
+				t.Errorf("got  %s\nwant %s\nlogs: %s", got, c.want, logs)
+			}
+			if n := strings.Count(logs, " ERROR] "); c.loud && (n != 1 || !strings.Contains(logs, "every GPU memory allocation is refused")) {
+				t.Errorf("want exactly one ERROR line saying allocations are refused, got:\n%s", logs)
+			} else if !c.loud && n != 0 {
+				t.Errorf("want no ERROR line, got:\n%s", logs)
+			}
+		})
+	}
+	// The library requires a read-only mount ("ro"); the test's temp
+	// folder is writable, as a file the container wrote would be.
+	t.Run("ro: a file on a writable mount fails closed", func(t *testing.T) {
+		got, logs := loadLimits(t, write("ok3", "CUDA_DEVICE_MEMORY_LIMIT=64m\n"), hostile, "ro")
+		if got != closedLine || !strings.Contains(logs, "is not on a read-only mount") {
+			t.Errorf("got  %s\nwant %s\nlogs: %s", got, closedLine, logs)
+		}
+	})
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			got, logs := loadLimits(t, c.path, hostile)
@@ -321,6 +430,13 @@ func TestLimitsFileLoading(t *testing.T) {
 // which text is a read-only file at /etc/gpupack/limits (nil: no such
 // path), with the given environment. It returns the driver's output.
 func inLimitsNamespace(t *testing.T, text *string, e env, args ...string) (map[string]string, string) {
+	t.Helper()
+	return inLimitsNamespaceSetup(t, text, "", e, args...)
+}
+
+// inLimitsNamespaceSetup is inLimitsNamespace with a shell snippet run
+// first inside the namespace (as its root).
+func inLimitsNamespaceSetup(t *testing.T, text *string, setup string, e env, args ...string) (map[string]string, string) {
 	t.Helper()
 	testenvUnshare(t)
 	dir := t.TempDir()
@@ -346,7 +462,8 @@ if echo x >> /etc/gpupack/limits 2>/dev/null; then echo "limits file is writable
 mount -t overlay overlay -o lowerdir=/etc,upperdir=%[1]s/u,workdir=%[1]s/w /etc
 rm -rf /etc/gpupack
 %[2]s
-exec %[3]s "$@"`, dir, mountFile, hooktest)
+%[4]s
+exec %[3]s "$@"`, dir, mountFile, hooktest, setup)
 	cmd := exec.Command("unshare", append([]string{"-m", "-r", "sh", "-c", script, "sh"}, args...)...)
 	cmd.Env = e.list()
 	var stderr strings.Builder
@@ -398,14 +515,28 @@ func TestTrustedLimitsFileBeatsHostileEnvironment(t *testing.T) {
 	}
 }
 
-// A limits file that exists but is unparsable refuses every allocation,
+// A limits file that exists but is unparsable refuses every allocation
+// and every context (a context holds device memory, 300 MiB on an H100,
+// and is what a kernel launch needs: before, 200 contexts went through),
 // whatever the environment says; an absent one leaves the env contract.
 func TestTrustedLimitsFileFailsClosed(t *testing.T) {
 	const chunk = 4 * mib
 	bad := "CUDA_DEVICE_MEMORY_LIMIT=64m\nCUDA_DEVICE_MEMORY_LIMIT=64m\n"
+	// A context whose memory NVML shows (300 MiB), and one it does not
+	// (measured 0: no charge can refuse it, only closed mode itself).
+	for _, ctxMem := range []int64{300 * mib, 0} {
+		e := env{"FAKECUDA_MEM": fmt.Sprint(80 * gib), "CUDA_DISABLE_CONTROL": "1",
+			"FAKECUDA_CTX_MEM": fmt.Sprint(ctxMem), "FAKECUDA_PID_OFFSET": "70000"}.hooked()
+		kv, _ := inLimitsNamespace(t, &bad, e, "direct", "ctxloop", "200", fmt.Sprint(chunk))
+		want := map[string]string{"primary_rc": "2", "created": "0", "create_rc": "2", "n": "0"}
+		if d := cmp.Diff(want, kv); d != "" {
+			t.Errorf("contexts of %d MiB: an unparsable limits file let contexts or memory through (-want +got):\n%s",
+				ctxMem/mib, d)
+		}
+	}
 	e := env{"FAKECUDA_MEM": fmt.Sprint(1 * gib), "CUDA_DISABLE_CONTROL": "1"}.hooked()
 	for _, mode := range []string{"direct", "gpa"} {
-		kv, logs := inLimitsNamespace(t, &bad, e, mode, "grab", fmt.Sprint(chunk))
+		kv, logs := inLimitsNamespace(t, &bad, e, mode, "ctxloop", "0", fmt.Sprint(chunk))
 		if n := num(t, kv, "n"); n != 0 {
 			t.Errorf("%s: an unparsable limits file let %d MiB through, want every allocation refused", mode, n*chunk/mib)
 		}
@@ -413,9 +544,17 @@ func TestTrustedLimitsFileFailsClosed(t *testing.T) {
 			t.Errorf("%s: want one clear log line, got:\n%s", mode, logs)
 		}
 	}
+	// Issue 15 H5(a): the file on a writable bind mount (one the
+	// container could have made or can rewrite) fails closed too.
+	writable := "CUDA_DEVICE_MEMORY_LIMIT=64m\n"
+	kv, logs := inLimitsNamespaceSetup(t, &writable, "mount -o remount,bind,rw /etc/gpupack/limits", e,
+		"direct", "ctxloop", "0", fmt.Sprint(chunk))
+	if d := cmp.Diff("0", kv["n"]); d != "" || !strings.Contains(logs, "is not on a read-only mount") {
+		t.Errorf("a limits file on a writable mount was trusted (-want +got chunks):\n%s\nlogs: %s", d, logs)
+	}
 	// Absent: the environment, as on a node gpupack does not manage.
 	envOnly := env{"FAKECUDA_MEM": fmt.Sprint(1 * gib), "CUDA_DEVICE_MEMORY_LIMIT": "32m"}.hooked()
-	kv, _ := inLimitsNamespace(t, nil, envOnly, "direct", "grab", fmt.Sprint(chunk))
+	kv, _ = inLimitsNamespace(t, nil, envOnly, "direct", "grab", fmt.Sprint(chunk))
 	if d := cmp.Diff("8", kv["n"]); d != "" {
 		t.Errorf("without the file the env limit of 32 MiB should hold (-want +got chunks):\n%s", d)
 	}

@@ -95,7 +95,8 @@ func TestHostPoolIsNotCharged(t *testing.T) {
 // returned, not from the hook's own table. A driver that answers with an
 // ABI the hook does not know (the fake hands out cuMemGetInfo_v3 from
 // version 13020) gets its pointer back untouched, with one error line;
-// before, it was wrapped with the _v2 ABI (a corrupted call).
+// before, it was wrapped with the _v2 ABI (a corrupted call). A call that
+// would take memory or SM time under a limit fails closed instead (M6).
 func TestGetProcAddressChecksTheReturnedABI(t *testing.T) {
 	e := env{"FAKECUDA_MEM": fmt.Sprint(1 * gib), "CUDA_DEVICE_MEMORY_LIMIT": "64m"}.hooked()
 	out, err := command(e, "direct", "gpanewer").CombinedOutput()
@@ -108,5 +109,22 @@ func TestGetProcAddressChecksTheReturnedABI(t *testing.T) {
 	}
 	if !strings.Contains(string(out), "an ABI this hook does not know") {
 		t.Errorf("want one error line naming the unknown ABI, got:\n%s", out)
+	}
+	// Issue 15 M6: an unknown ABI of a call that takes memory under a
+	// memory limit fails closed (before, cuMemAlloc_v3 was handed out
+	// and allocated past the hook); without a limit it passes through.
+	if kv["alloc3_gpa_rc"] != "500" || kv["alloc3_null"] != "1" || kv["alloc3_status"] != "1" {
+		t.Errorf("got %v, want cuGetProcAddress(cuMemAlloc, 13020) refused with CUDA_ERROR_NOT_FOUND, "+
+			"a NULL pointer and CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND under a memory limit", kv)
+	}
+	if !strings.Contains(string(out), "cuMemAlloc_v3, an ABI this hook does not know: refused") {
+		t.Errorf("want an error line saying cuMemAlloc_v3 was refused, got:\n%s", out)
+	}
+	out, err = command(env{"FAKECUDA_MEM": fmt.Sprint(1 * gib)}.hooked(), "direct", "gpanewer").CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if kv := parseKV(string(out)); kv["alloc3_gpa_rc"] != "0" || kv["alloc3_untouched"] != "1" || kv["alloc3_rc"] != "0" {
+		t.Errorf("no limit: got %v, want the driver's cuMemAlloc_v3 untouched and working", kv)
 	}
 }

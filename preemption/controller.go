@@ -15,6 +15,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -40,6 +42,7 @@ import (
 
 	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
 	"github.com/gpupack/gpupack/preemption/ladder"
+	"github.com/gpupack/gpupack/preemption/owners"
 	"github.com/gpupack/gpupack/preemption/policy"
 )
 
@@ -59,6 +62,8 @@ const (
 	indexPodController    = ".metadata.controllerUID"
 	indexWorkloadOwnerUID = ".metadata.ownerUID"
 	indexPodNode          = ".spec.nodeName"
+	indexPodGroup         = ".metadata.labels.podGroup"
+	indexPodUID           = ".metadata.uid"
 )
 
 var phaseEvent = map[ladder.Phase]string{
@@ -89,7 +94,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if err := r.client.Get(ctx, req.NamespacedName, &wl); err != nil {
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
-	apiVersion, kind, jobName, jobUID, ok := jobOf(&wl)
+	src, ok := owners.SourceOf(&wl)
 	if !ok {
 		return reconcile.Result{}, nil // not a job's workload: no pods to find
 	}
@@ -108,20 +113,37 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 			r.recorder.Eventf(&wl, nil, corev1.EventTypeWarning, EventBadAnnotation, "Preempt", "per-rank record: %v; continuing without it", err)
 		}
 	}
-	var podList corev1.PodList
-	if err := r.client.List(ctx, &podList, client.InNamespace(wl.Namespace), client.MatchingFields{indexPodController: string(jobUID)}); err != nil {
+	// The pods, through the owner's chain (JobSet → Job → Pod, …) or
+	// Kueue's pod-group label (LWS, StatefulSet, pod groups).
+	found, err := r.finder().Pods(ctx, wl.Namespace, src)
+	if err != nil {
 		return reconcile.Result{}, err
 	}
-	pods := podList.Items
+	pods := append(found.Pods, r.strandedRanks(ctx, wl.Namespace, st, found.Pods)...)
+	kind, jobName := src.Owner.Kind, src.Owner.Name
 	job := &metav1.PartialObjectMetadata{}
-	job.SetGroupVersionKind(schema.FromAPIVersionAndKind(apiVersion, kind))
-	jobErr := r.client.Get(ctx, types.NamespacedName{Namespace: wl.Namespace, Name: jobName}, job)
-	if jobErr != nil && !apierrors.IsNotFound(jobErr) {
-		return reconcile.Result{}, jobErr
+	var jobErr error = apierrors.NewNotFound(schema.GroupResource{}, "") // a plain pod group has no job
+	if src.HasOwner() {
+		job.SetGroupVersionKind(src.GVK())
+		// Bounded: a kind the manager may not list (RBAC) would block this
+		// worker on an informer that never syncs; an error retries.
+		gctx, cancel := context.WithTimeout(ctx, owners.LookupTimeout)
+		jobErr = r.client.Get(gctx, types.NamespacedName{Namespace: wl.Namespace, Name: jobName}, job)
+		cancel()
+		if jobErr == nil && job.UID != src.Owner.UID {
+			jobErr = apierrors.NewNotFound(schema.GroupResource{}, jobName) // a new object of the same name
+		}
+		if jobErr != nil && !apierrors.IsNotFound(jobErr) {
+			return reconcile.Result{}, jobErr
+		}
 	}
 	// Pod-level triggers count while the job lives and the preemption is
 	// not over; after Done the pods are the job's replacements.
-	podTriggers := jobErr == nil && job.DeletionTimestamp == nil && wl.DeletionTimestamp == nil && st.Phase != ladder.PhaseDone
+	jobLives := jobErr == nil && job.DeletionTimestamp == nil
+	if !src.HasOwner() {
+		jobLives = true // a plain pod group: the Workload is all there is
+	}
+	podTriggers := jobLives && wl.DeletionTimestamp == nil && st.Phase != ladder.PhaseDone
 	trig, evicted := evictedBy(&wl, pods, podTriggers, func(node string) bool { return r.nodeReady(ctx, node) })
 	if st.Phase == ladder.PhaseNone && !evicted {
 		return reconcile.Result{}, nil // the common case: nothing to do
@@ -137,6 +159,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		}
 		pd := r.policy.Effective(policy.Victim{PriorityClass: priorityClassOf(&wl), ClusterQueue: r.clusterQueueOf(ctx, &wl), Requested: requested})
 		obs.CheckpointTimeout = pd.Timeout
+		obs.Grace = pd.Grace // the pods' own grace may not hold the GPUs longer
 		if requested > pd.Timeout {
 			r.recorder.Eventf(&wl, nil, corev1.EventTypeNormal, EventPolicyCapped, "Preempt", "%s %v is longer than the cluster allows for this workload; checkpointing gets %v", v1alpha1.AnnotationCheckpointTimeout, requested, pd.Timeout)
 		}
@@ -158,7 +181,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 			return reconcile.Result{}, err
 		}
 	}
-	// 2. Act: first the whole Workload through Kueue (so the job
+	// 2. Record the consistent step on the job, and on the Jobs of its
+	// chain (a JobSet's, a TrainJob's): the pod webhook reads it from a
+	// pod's owners for GPUPACK_RESUME_STEP, and JobSet suspends and resumes
+	// its Jobs rather than recreating them. Before the pods are deleted, so
+	// that no pod recreated in between (an LWS group's) starts without it;
+	// a failed record does not hold the deletes back (the policy's
+	// deadlines stand) and is retried.
+	recordErr := r.recordConsistentStep(ctx, &wl, d.State, job, jobErr, found.Chain, kind, jobName)
+	// 3. Act: first the whole Workload through Kueue (so the job
 	// controller stops the job rather than recreating the pods), then the
 	// pods.
 	now := obs.Now
@@ -167,19 +198,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 			return reconcile.Result{}, fmt.Errorf("evicting workload %s/%s through Kueue: %w", wl.Namespace, wl.Name, err)
 		}
 	}
-	if err := r.actAll(ctx, wl.Namespace, d.Actions, now, d.State.CheckpointDeadline); err != nil {
+	versions := make(map[string]string, len(pods))
+	for i := range pods {
+		versions[pods[i].Name] = pods[i].ResourceVersion
+	}
+	if err := r.actAll(ctx, wl.Namespace, d.Actions, versions, now, d.State.CheckpointDeadline); err != nil {
 		return reconcile.Result{}, err
 	}
-	// 3. Record the consistent step on the job.
-	if s := d.State.LastConsistentStep; s != nil && jobErr == nil {
-		want := strconv.FormatInt(*s, 10)
-		if job.Annotations[v1alpha1.AnnotationLastConsistentCheckpoint] != want {
-			patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{v1alpha1.AnnotationLastConsistentCheckpoint: want}}})
-			if err := r.client.Patch(ctx, job, client.RawPatch(types.MergePatchType, patch), client.FieldOwner(ControllerName)); err != nil {
-				return reconcile.Result{}, fmt.Errorf("recording the consistent step on %s %s: %w", kind, jobName, err)
-			}
-			r.recorder.Eventf(&wl, nil, corev1.EventTypeNormal, EventConsistentStep, "Preempt", "every rank completed step %d; recorded on %s %s", *s, kind, jobName)
-		}
+	if recordErr != nil {
+		return reconcile.Result{}, recordErr
 	}
 	// 4. Narrate and measure.
 	prev := st
@@ -203,6 +230,123 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	}
 	logger.V(2).Info("preemption step", "workload", req.NamespacedName, "phase", d.State.Phase, "actions", len(d.Actions), "requeueAfter", d.RequeueAfter)
 	return reconcile.Result{RequeueAfter: d.RequeueAfter}, nil
+}
+
+// recordConsistentStep writes the state's consistent step (if any) on the
+// job and on the Jobs of its chain; the Event is emitted once, when the
+// job's own annotation changes.
+func (r *Reconciler) recordConsistentStep(ctx context.Context, wl *kueue.Workload, st ladder.State, job *metav1.PartialObjectMetadata, jobErr error, chain []metav1.PartialObjectMetadata, kind, jobName string) error {
+	s := st.LastConsistentStep
+	if s == nil || jobErr != nil {
+		return nil
+	}
+	want := strconv.FormatInt(*s, 10)
+	if job.Annotations[v1alpha1.AnnotationLastConsistentCheckpoint] != want {
+		if err := r.recordStep(ctx, job, want); err != nil {
+			return fmt.Errorf("recording the consistent step on %s %s: %w", kind, jobName, err)
+		}
+		r.recorder.Eventf(wl, nil, corev1.EventTypeNormal, EventConsistentStep, "Preempt", "every rank completed step %d; recorded on %s %s", *s, kind, jobName)
+	}
+	for i := range chain {
+		o := &chain[i]
+		if o.GroupVersionKind() != owners.GVKJob || o.Annotations[v1alpha1.AnnotationLastConsistentCheckpoint] == want {
+			continue
+		}
+		if err := r.recordStep(ctx, o, want); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("recording the consistent step on Job %s: %w", o.Name, err)
+		}
+	}
+	return nil
+}
+
+// recordStep sets gpupack.io/last-consistent-checkpoint on obj (metadata
+// only), if it is still the object read (UID precondition).
+func (r *Reconciler) recordStep(ctx context.Context, obj *metav1.PartialObjectMetadata, step string) error {
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{
+		"uid":         obj.UID,
+		"annotations": map[string]string{v1alpha1.AnnotationLastConsistentCheckpoint: step},
+	}})
+	err := r.client.Patch(ctx, obj, client.RawPatch(types.MergePatchType, patch), client.FieldOwner(ControllerName))
+	if apierrors.IsConflict(err) {
+		return nil // another object by that name by now
+	}
+	return err
+}
+
+// strandedRanks are the ranks of st that the walk down no longer reaches
+// because the object between the job and them is gone: KubeRay deletes a
+// suspended RayJob's RayCluster at once (background propagation), and its
+// pods — asked to checkpoint, still saving — are left to the garbage
+// collector, controlled by a RayCluster that no longer exists. Without
+// them the ranks' answers were never read (every rank TimedOut) and the
+// protocol ended while they still held the GPUs. A rank is found again by
+// its UID (a rank key is the UID of a pod the walk once found), and taken
+// only while its controller is gone or replaced, so a pod that its job
+// still reaches some other way, or that a controller adopted, is never
+// counted twice nor acted on for this Workload.
+func (r *Reconciler) strandedRanks(ctx context.Context, ns string, st ladder.State, found []corev1.Pod) []corev1.Pod {
+	if len(st.Ranks) == 0 {
+		return nil
+	}
+	have := make(map[string]bool, len(found))
+	for i := range found {
+		have[string(found[i].UID)] = true
+	}
+	var out []corev1.Pod
+	for _, key := range slices.Sorted(maps.Keys(st.Ranks)) {
+		if have[key] {
+			continue
+		}
+		var pl corev1.PodList
+		if err := r.client.List(ctx, &pl, client.InNamespace(ns), client.MatchingFields{indexPodUID: key}); err != nil {
+			continue
+		}
+		for _, p := range pl.Items {
+			if r.controllerGone(ctx, &p) {
+				out = append(out, p)
+			}
+		}
+	}
+	return out
+}
+
+// intermediateController: pod's controller is of a kind some chain passes
+// through (owners.Intermediates: a Job, JobSet, RayCluster), which the
+// cache already reads for the walk up; other kinds are never looked up.
+func intermediateController(pod *corev1.Pod) bool {
+	ref := metav1.GetControllerOf(pod)
+	if ref == nil {
+		return false
+	}
+	gvk := schema.FromAPIVersionAndKind(ref.APIVersion, ref.Kind)
+	for _, ks := range owners.Intermediates {
+		if slices.Contains(ks, gvk) {
+			return true
+		}
+	}
+	return false
+}
+
+// controllerGone: pod has a controller reference whose object does not
+// exist (or is another object by that name). Read errors say no.
+func (r *Reconciler) controllerGone(ctx context.Context, pod *corev1.Pod) bool {
+	ref := metav1.GetControllerOf(pod)
+	if ref == nil {
+		return false
+	}
+	meta := &metav1.PartialObjectMetadata{}
+	meta.SetGroupVersionKind(schema.FromAPIVersionAndKind(ref.APIVersion, ref.Kind))
+	gctx, cancel := context.WithTimeout(ctx, owners.LookupTimeout)
+	defer cancel()
+	err := r.client.Get(gctx, types.NamespacedName{Namespace: pod.Namespace, Name: ref.Name}, meta)
+	if err != nil {
+		return apierrors.IsNotFound(err)
+	}
+	return meta.UID != ref.UID
+}
+
+func (r *Reconciler) finder() owners.Finder {
+	return owners.Finder{Reader: r.client, PodControllerIndex: indexPodController, PodGroupIndex: indexPodGroup}
 }
 
 func describe(p ladder.Phase, st ladder.State, pods int) string {
@@ -240,7 +384,8 @@ const actParallelism = 32
 
 // actAll runs the actions (idempotent, independent) with bounded
 // parallelism and returns the first error.
-func (r *Reconciler) actAll(ctx context.Context, ns string, actions []ladder.Action, now time.Time, deadline *time.Time) error {
+// versions holds the resourceVersion of each pod the decision was made on.
+func (r *Reconciler) actAll(ctx context.Context, ns string, actions []ladder.Action, versions map[string]string, now time.Time, deadline *time.Time) error {
 	if len(actions) == 0 {
 		return nil
 	}
@@ -256,7 +401,7 @@ func (r *Reconciler) actAll(ctx context.Context, ns string, actions []ladder.Act
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			if err := r.act(ctx, ns, a, now, deadline); err != nil {
+			if err := r.act(ctx, ns, a, versions[a.Pod], now, deadline); err != nil {
 				mu.Lock()
 				if first == nil {
 					first = fmt.Errorf("%s pod %s/%s: %w", a.Kind, ns, a.Pod, err)
@@ -269,7 +414,7 @@ func (r *Reconciler) actAll(ctx context.Context, ns string, actions []ladder.Act
 	return first
 }
 
-func (r *Reconciler) act(ctx context.Context, ns string, a ladder.Action, now time.Time, deadline *time.Time) error {
+func (r *Reconciler) act(ctx context.Context, ns string, a ladder.Action, version string, now time.Time, deadline *time.Time) error {
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: a.Pod}}
 	var uid *types.UID
 	if a.UID != "" {
@@ -286,10 +431,20 @@ func (r *Reconciler) act(ctx context.Context, ns string, a ladder.Action, now ti
 		if uid != nil {
 			meta["uid"] = *uid // a precondition: never the recreated pod of the same name
 		}
+		if version != "" {
+			// A precondition too: the decision "not yet asked" was made on
+			// this version of the pod. The cache lags our own writes, so a
+			// reconcile right after the request (woken by the Workload's
+			// new phase) would otherwise ask every rank again.
+			meta["resourceVersion"] = version
+		}
 		patch, _ := json.Marshal(map[string]any{"metadata": meta})
 		err = r.client.Patch(ctx, pod, client.RawPatch(types.MergePatchType, patch), client.FieldOwner(ControllerName))
 		if apierrors.IsConflict(err) || apierrors.IsInvalid(err) {
-			err = nil // another pod by now: the rank is gone
+			// Another pod by now (the rank is gone), or the pod changed
+			// since the cache's copy: its update wakes this Workload again
+			// and the next step decides on the new version.
+			err = nil
 		}
 	case ladder.Delete:
 		opts := []client.DeleteOption{client.Preconditions{UID: uid}}
@@ -416,19 +571,65 @@ func equalState(a, b ladder.State) bool {
 	return string(ja) == string(jb)
 }
 
-// podToWorkloads maps a pod to the workload of its job.
+// podToWorkloads maps a pod to the workload of its job: through its pod
+// group (Kueue's label names the Workload), the pod itself (a single pod's
+// Workload), or its controller chain up to the Workload's owner (a JobSet
+// pod's Job, then the JobSet, then a TrainJob).
 func (r *Reconciler) podToWorkloads(ctx context.Context, obj client.Object) []reconcile.Request {
-	ref := metav1.GetControllerOf(obj)
-	if ref == nil {
-		return nil
+	var out []reconcile.Request
+	seen := map[reconcile.Request]bool{}
+	add := func(req reconcile.Request) {
+		if !seen[req] {
+			seen[req] = true
+			out = append(out, req)
+		}
 	}
-	var wls kueue.WorkloadList
-	if err := r.client.List(ctx, &wls, client.InNamespace(obj.GetNamespace()), client.MatchingFields{indexWorkloadOwnerUID: string(ref.UID)}); err != nil {
-		return nil
+	for _, k := range workloadsOf(ctx, r.client, r.finder(), obj) {
+		add(reconcile.Request{NamespacedName: k})
 	}
-	out := make([]reconcile.Request, 0, len(wls.Items))
-	for i := range wls.Items {
-		out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&wls.Items[i])})
+	// A pod whose controller is gone (a RayCluster KubeRay deleted while
+	// its pods save, strandedRanks) reaches no Workload up its chain: it
+	// wakes every Workload of its namespace in a running preemption, which
+	// finds it again by UID if it is one of their ranks (an extra
+	// reconcile of another is harmless).
+	if pod, ok := obj.(*corev1.Pod); ok && optedIn(pod) && intermediateController(pod) && r.controllerGone(ctx, pod) {
+		var wls kueue.WorkloadList
+		if err := r.client.List(ctx, &wls, client.InNamespace(obj.GetNamespace())); err == nil {
+			for i := range wls.Items {
+				st, err := loadState(wls.Items[i].Annotations)
+				if err == nil && st.Phase != ladder.PhaseNone && st.Phase != ladder.PhaseDone {
+					add(reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&wls.Items[i])})
+				}
+			}
+		}
+	}
+	return out
+}
+
+// workloadsOf are the Workloads of obj's job, nearest first: through its
+// pod group (Kueue's label names the Workload), the object itself (a
+// single pod's Workload), or its controller chain up to the Workload's
+// owner (f.Ancestors, UID-checked). c must have the owner-UID index.
+func workloadsOf(ctx context.Context, c client.Reader, f owners.Finder, obj client.Object) []types.NamespacedName {
+	var out []types.NamespacedName
+	seen := map[types.NamespacedName]bool{}
+	add := func(k types.NamespacedName) {
+		if !seen[k] {
+			seen[k] = true
+			out = append(out, k)
+		}
+	}
+	if g := obj.GetLabels()[owners.LabelPodGroup]; g != "" {
+		add(types.NamespacedName{Namespace: obj.GetNamespace(), Name: g})
+	}
+	for _, uid := range f.Ancestors(ctx, obj) {
+		var wls kueue.WorkloadList
+		if err := c.List(ctx, &wls, client.InNamespace(obj.GetNamespace()), client.MatchingFields{indexWorkloadOwnerUID: string(uid)}); err != nil {
+			continue
+		}
+		for i := range wls.Items {
+			add(client.ObjectKeyFromObject(&wls.Items[i]))
+		}
 	}
 	return out
 }
@@ -470,6 +671,15 @@ func readinessChanged() predicate.Predicate {
 	}
 }
 
+func podUIDOf(o client.Object) []string { return []string{string(o.GetUID())} }
+
+func podGroupOf(o client.Object) []string {
+	if g := o.GetLabels()[owners.LabelPodGroup]; g != "" {
+		return []string{g}
+	}
+	return nil
+}
+
 func setupIndexes(ctx context.Context, mgr ctrl.Manager) error {
 	idx := mgr.GetFieldIndexer()
 	if err := idx.IndexField(ctx, &corev1.Pod{}, indexPodController, func(o client.Object) []string {
@@ -479,6 +689,12 @@ func setupIndexes(ctx context.Context, mgr ctrl.Manager) error {
 		return nil
 	}); err != nil {
 		return fmt.Errorf("pod index: %w", err)
+	}
+	if err := idx.IndexField(ctx, &corev1.Pod{}, indexPodGroup, podGroupOf); err != nil {
+		return fmt.Errorf("pod group index: %w", err)
+	}
+	if err := idx.IndexField(ctx, &corev1.Pod{}, indexPodUID, podUIDOf); err != nil {
+		return fmt.Errorf("pod uid index: %w", err)
 	}
 	if err := idx.IndexField(ctx, &corev1.Pod{}, indexPodNode, func(o client.Object) []string {
 		if n := o.(*corev1.Pod).Spec.NodeName; n != "" {

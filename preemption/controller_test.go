@@ -20,9 +20,12 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	jobset "sigs.k8s.io/jobset/api/jobset/v1alpha2"
 	kueue "sigs.k8s.io/kueue/apis/kueue/v1beta2"
+	lws "sigs.k8s.io/lws/api/leaderworkerset/v1"
 
 	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
 	"github.com/gpupack/gpupack/preemption/ladder"
@@ -36,6 +39,11 @@ func testScheme() *runtime.Scheme {
 	utilruntime.Must(clientgoscheme.AddToScheme(s))
 	utilruntime.Must(kueue.AddToScheme(s))
 	utilruntime.Must(kftraining.AddToScheme(s))
+	utilruntime.Must(jobset.AddToScheme(s))
+	utilruntime.Must(lws.AddToScheme(s))
+	// Trainer v2's TrainJob, metadata only (its API module is not needed).
+	s.AddKnownTypeWithName(gvkTrainJob, &metav1.PartialObjectMetadata{})
+	s.AddKnownTypeWithName(gvkTrainJob.GroupVersion().WithKind("TrainJobList"), &metav1.PartialObjectMetadataList{})
 	return s
 }
 
@@ -76,6 +84,14 @@ type harness struct {
 	clock  time.Time
 	policy policy.Policy
 	events []string
+	wlName string // default pytorchjob-train
+}
+
+func (h *harness) wlKey() types.NamespacedName {
+	if h.wlName == "" {
+		return types.NamespacedName{Namespace: "ns", Name: "pytorchjob-train"}
+	}
+	return types.NamespacedName{Namespace: "ns", Name: h.wlName}
 }
 
 func newHarness(t *testing.T, objs ...client.Object) *harness {
@@ -86,6 +102,8 @@ func newHarness(t *testing.T, objs ...client.Object) *harness {
 			}
 			return nil
 		}).
+		WithIndex(&corev1.Pod{}, indexPodGroup, podGroupOf).
+		WithIndex(&corev1.Pod{}, indexPodUID, podUIDOf).
 		WithIndex(&kueue.Workload{}, indexWorkloadOwnerUID, func(o client.Object) []string {
 			var uids []string
 			for _, r := range o.GetOwnerReferences() {
@@ -103,7 +121,7 @@ func (h *harness) reconcile() reconcile.Result {
 	r := &Reconciler{client: h.c, recorder: h.rec, now: func() time.Time { return h.clock },
 		policy: h.policy,
 		cfg:    ladder.Config{DefaultCheckpointTimeout: time.Minute, DefaultGrace: 30 * time.Second, Slack: 10 * time.Second, MaxStepsPerRank: 8}}
-	res, err := r.Reconcile(context.Background(), reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "ns", Name: "pytorchjob-train"}})
+	res, err := r.Reconcile(context.Background(), reconcile.Request{NamespacedName: h.wlKey()})
 	if err != nil {
 		h.t.Fatalf("Reconcile: %v", err)
 	}
@@ -123,7 +141,7 @@ func (h *harness) reconcile() reconcile.Result {
 func (h *harness) state() ladder.State {
 	h.t.Helper()
 	var wl kueue.Workload
-	if err := h.c.Get(context.Background(), types.NamespacedName{Namespace: "ns", Name: "pytorchjob-train"}, &wl); err != nil {
+	if err := h.c.Get(context.Background(), h.wlKey(), &wl); err != nil {
 		h.t.Fatal(err)
 	}
 	st, err := PreemptionRecord(context.Background(), h.c, &wl)
@@ -427,7 +445,7 @@ func quotaReserved() metav1.Condition {
 func (h *harness) workload() *kueue.Workload {
 	h.t.Helper()
 	var wl kueue.Workload
-	if err := h.c.Get(context.Background(), types.NamespacedName{Namespace: "ns", Name: "pytorchjob-train"}, &wl); err != nil {
+	if err := h.c.Get(context.Background(), h.wlKey(), &wl); err != nil {
 		h.t.Fatal(err)
 	}
 	return &wl
@@ -521,5 +539,98 @@ func TestPodLevelTriggerResultsAreRecorded(t *testing.T) {
 	h.reconcile()
 	if _, ok := h.workload().Annotations[v1alpha1.AnnotationPreemptionPhase]; ok {
 		t.Error("record kept after the preemption was reported")
+	}
+}
+
+// laggingPods serves pods as an informer that has not yet seen the
+// coordinator's own writes: each pod as it was in before (same set, older
+// versions).
+type laggingPods struct {
+	client.Client
+	before map[string]corev1.Pod
+}
+
+func (l laggingPods) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
+	if err := l.Client.List(ctx, list, opts...); err != nil {
+		return err
+	}
+	if pl, ok := list.(*corev1.PodList); ok {
+		for i, p := range pl.Items {
+			if old, ok := l.before[p.Name]; ok {
+				pl.Items[i] = old
+			}
+		}
+	}
+	return nil
+}
+
+// The reconcile woken by the Workload's new phase sees pods from a cache
+// that lags the requests it just wrote: it must not ask every rank again
+// (the resourceVersion precondition refuses the write; the pod's update
+// wakes the Workload once the cache has it).
+func TestReconcileDoesNotReRequestFromAStaleCache(t *testing.T) {
+	h := newHarness(t, job(), workload(preempted()), rankPod("w0"), rankPod("w1"))
+	before := map[string]corev1.Pod{}
+	for _, n := range []string{"w0", "w1"} {
+		before[n] = *h.pod(n)
+	}
+	h.reconcile()
+	asked := map[string]string{}
+	for _, n := range []string{"w0", "w1"} {
+		asked[n] = h.pod(n).Annotations[v1alpha1.AnnotationCheckpointRequest]
+		if asked[n] == "" {
+			t.Fatalf("rank %s not asked", n)
+		}
+	}
+	fresh := h.c
+	h.c = laggingPods{Client: fresh, before: before}
+	h.clock = t0.Add(2 * time.Second)
+	h.reconcile()
+	h.c = fresh
+	for n, was := range asked {
+		if got := h.pod(n).Annotations[v1alpha1.AnnotationCheckpointRequest]; got != was {
+			t.Errorf("rank %s asked again from a stale cache: %q → %q", n, was, got)
+		}
+	}
+	if st := h.state(); st.Phase != ladder.PhaseCheckpointing || len(st.Transitions) != 1 {
+		t.Errorf("state changed: %+v", st)
+	}
+}
+
+// The consistent step is on the job before any rank is deleted: a pod the
+// job controller (or an LWS group) recreates in between reads its resume
+// step from there. A failed record does not hold the deletes back.
+func TestConsistentStepRecordedBeforeTheDeletes(t *testing.T) {
+	for _, failRecord := range []bool{false, true} {
+		h := newHarness(t, job(), workload(preempted()), rankPod("w0"), rankPod("w1"))
+		h.reconcile() // Checkpointing
+		h.annotatePod("w0", v1alpha1.AnnotationCheckpointStep, "120")
+		h.annotatePod("w1", v1alpha1.AnnotationCheckpointStep, "120")
+		var order []string
+		inner := h.c.(client.WithWatch)
+		h.c = interceptor.NewClient(inner, interceptor.Funcs{
+			Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+				if obj.GetName() == "train" {
+					order = append(order, "record")
+					if failRecord {
+						return apierrors.NewServiceUnavailable("injected")
+					}
+				}
+				return c.Patch(ctx, obj, patch, opts...)
+			},
+			Delete: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.DeleteOption) error {
+				order = append(order, "delete "+obj.GetName())
+				return c.Delete(ctx, obj, opts...)
+			},
+		})
+		r := &Reconciler{client: h.c, recorder: h.rec, now: func() time.Time { return t0.Add(10 * time.Second) },
+			cfg: ladder.Config{DefaultCheckpointTimeout: time.Minute, DefaultGrace: 30 * time.Second, Slack: 10 * time.Second, MaxStepsPerRank: 8}}
+		_, err := r.Reconcile(context.Background(), reconcile.Request{NamespacedName: h.wlKey()})
+		if failRecord != (err != nil) {
+			t.Errorf("record failing=%v: Reconcile error %v", failRecord, err)
+		}
+		if len(order) != 3 || order[0] != "record" {
+			t.Errorf("record failing=%v: calls %v, want the record first, then both deletes", failRecord, order)
+		}
 	}
 }

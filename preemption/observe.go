@@ -10,7 +10,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
-	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	kueue "sigs.k8s.io/kueue/apis/kueue/v1beta2"
 
@@ -91,7 +90,15 @@ func observePod(pod *corev1.Pod, defaultGrace time.Duration) ladder.Pod {
 	if g := pod.Spec.TerminationGracePeriodSeconds; g != nil {
 		grace = time.Duration(*g) * time.Second
 	}
+	var deletedAt time.Time
+	var deletionGrace time.Duration
+	if pod.DeletionTimestamp != nil && pod.DeletionGracePeriodSeconds != nil {
+		deletionGrace = time.Duration(*pod.DeletionGracePeriodSeconds) * time.Second
+		deletedAt = pod.DeletionTimestamp.Add(-deletionGrace)
+	}
 	return ladder.Pod{
+		DeletedAt:           deletedAt,
+		DeletionGrace:       deletionGrace,
 		Name:                pod.Name,
 		UID:                 string(pod.UID),
 		Created:             pod.CreationTimestamp.Time,
@@ -232,14 +239,4 @@ func PreemptionRecord(ctx context.Context, r client.Reader, wl *kueue.Workload) 
 	}
 	err = rankStore{reader: r}.load(ctx, wl, &st)
 	return st, err
-}
-
-// ownerRef is the workload's job.
-func jobOf(wl *kueue.Workload) (apiVersion, kind, name string, uid types.UID, ok bool) {
-	for _, o := range wl.OwnerReferences {
-		if o.Controller != nil && *o.Controller {
-			return o.APIVersion, o.Kind, o.Name, o.UID, true
-		}
-	}
-	return "", "", "", "", false
 }

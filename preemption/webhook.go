@@ -18,10 +18,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 	kueue "sigs.k8s.io/kueue/apis/kueue/v1beta2"
-	kueueconstants "sigs.k8s.io/kueue/pkg/controller/constants"
 
 	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
 	"github.com/gpupack/gpupack/preemption/ladder"
+	"github.com/gpupack/gpupack/preemption/owners"
 	"github.com/gpupack/gpupack/preemption/policy"
 )
 
@@ -120,8 +120,13 @@ func (h *EvictionHandler) evictionPod(ctx context.Context, pod *corev1.Pod) ladd
 			requested = d
 		}
 	}
-	pc, cq := h.classOf(ctx, pod)
+	pc, cq, known := h.classOf(ctx, pod)
 	budget := h.Policy.Effective(policy.Victim{PriorityClass: pc, ClusterQueue: cq, Requested: requested}).Timeout
+	if !known {
+		// No Workload says the class: the shortest cap, never one the
+		// pod's own (tenant-writable) labels pick.
+		budget = min(budget, h.Policy.Shortest())
+	}
 	var reqAt time.Time
 	if v := pod.Annotations[v1alpha1.AnnotationCheckpointRequest]; v != "" {
 		if t, err := time.Parse(time.RFC3339, v); err == nil && !t.After(h.Now().Add(requestClockSkew)) {
@@ -152,33 +157,51 @@ func (h *EvictionHandler) evictionPod(ctx context.Context, pod *corev1.Pod) ladd
 	}
 }
 
-// classOf finds the priority class and ClusterQueue the policy keys on:
-// from the pod's Workload when the coordinator's index finds it, else from
-// the pod's own labels and priority class.
-func (h *EvictionHandler) classOf(ctx context.Context, pod *corev1.Pod) (priorityClass, clusterQueue string) {
-	priorityClass = pod.Labels[kueueconstants.WorkloadPriorityClassLabel]
-	if priorityClass == "" {
-		priorityClass = pod.Spec.PriorityClassName
+// classOf finds the priority class and ClusterQueue the policy keys on,
+// from the pod's Workload (owned by the pod's controller, or by the pod
+// itself under Kueue's pod integration) as the coordinator's index finds
+// it; known is false when there is none. The pod's own labels and
+// priorityClassName are the tenant's to change (kubectl label) and never
+// pick the class (outside review 2026-12-02, finding 5; the pod webhook's
+// rule, webhooks' podMutator.priorityClass, is the same): without a
+// Workload the caller applies the shortest cap.
+func (h *EvictionHandler) classOf(ctx context.Context, pod *corev1.Pod) (priorityClass, clusterQueue string, known bool) {
+	if h.Client == nil {
+		return "", "", false
 	}
-	queue := pod.Labels[kueueconstants.QueueLabel]
-	if ref := metav1.GetControllerOf(pod); ref != nil && h.Client != nil {
-		var wls kueue.WorkloadList
-		if err := h.Client.List(ctx, &wls, client.InNamespace(pod.Namespace), client.MatchingFields{indexWorkloadOwnerUID: string(ref.UID)}); err == nil && len(wls.Items) > 0 {
-			wl := &wls.Items[0]
-			if pc := priorityClassOf(wl); pc != "" {
-				priorityClass = pc
+	f := owners.Finder{Reader: h.Client, PodControllerIndex: indexPodController, PodGroupIndex: indexPodGroup}
+	ancestors := map[types.UID]bool{}
+	for _, uid := range f.Ancestors(ctx, pod) {
+		ancestors[uid] = true
+	}
+	for _, k := range workloadsOf(ctx, h.Client, f, pod) {
+		var wl kueue.Workload
+		if err := h.Client.Get(ctx, k, &wl); err != nil || !ownedByOneOf(&wl, ancestors) {
+			// (A pod-group label is the tenant's: the Workload it names
+			// counts only if it owns the pod.)
+			continue
+		}
+		priorityClass = priorityClassOf(&wl)
+		if a := wl.Status.Admission; a != nil && a.ClusterQueue != "" {
+			return priorityClass, string(a.ClusterQueue), true
+		}
+		if q := wl.Spec.QueueName; q != "" && h.Reader != nil {
+			var lq kueue.LocalQueue
+			if err := h.Reader.Get(ctx, types.NamespacedName{Namespace: pod.Namespace, Name: string(q)}, &lq); err == nil {
+				clusterQueue = string(lq.Spec.ClusterQueue)
 			}
-			if a := wl.Status.Admission; a != nil && a.ClusterQueue != "" {
-				return priorityClass, string(a.ClusterQueue)
-			}
-			queue = string(wl.Spec.QueueName)
+		}
+		return priorityClass, clusterQueue, true
+	}
+	return "", "", false
+}
+
+// ownedByOneOf: an owner reference of o names one of uids.
+func ownedByOneOf(o metav1.Object, uids map[types.UID]bool) bool {
+	for _, ref := range o.GetOwnerReferences() {
+		if uids[ref.UID] {
+			return true
 		}
 	}
-	if queue != "" && h.Reader != nil {
-		var lq kueue.LocalQueue
-		if err := h.Reader.Get(ctx, types.NamespacedName{Namespace: pod.Namespace, Name: queue}, &lq); err == nil {
-			clusterQueue = string(lq.Spec.ClusterQueue)
-		}
-	}
-	return priorityClass, clusterQueue
+	return false
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
 	"github.com/gpupack/gpupack/webhooks/gpureq"
+	"github.com/gpupack/gpupack/webhooks/mutation"
 )
 
 // ServeOptions name the Service that fronts the manager's webhook server.
@@ -95,8 +96,11 @@ func celList(xs []string) string {
 }
 
 // containersAskGPU is true when a container list (a CEL expression) asks for GPUs.
-func containersAskGPU(containers string) string {
-	r := celList(gpuResources)
+func containersAskGPU(containers string) string { return containersAsk(containers, gpuResources) }
+
+// containersAsk is true when a container list asks for one of resources.
+func containersAsk(containers string, resources []string) string {
+	r := celList(resources)
 	return fmt.Sprintf("%s.exists(c, has(c.resources) && ((has(c.resources.limits) && %s.exists(r, r in c.resources.limits)) || (has(c.resources.requests) && %s.exists(r, r in c.resources.requests))))", containers, r, r)
 }
 
@@ -141,6 +145,12 @@ func MatchConditions(kind string, validating bool) []admissionregistrationv1.Mat
 	return conds
 }
 
+// podUpdateRefusedKeys are the annotations the pod validator refuses to
+// change on an existing pod (mutation.PodUpdateRefusedKeys): the request
+// keys, and gpupack.io/checkpoint, which decides whether the coordinator
+// counts the pod's disruptions (review 16, H3).
+func podUpdateRefusedKeys() []string { return mutation.PodUpdateRefusedKeys }
+
 // podRequestEdited is true for a pod creation (sent only with
 // ValidatePodCreate), for ephemeral containers being added (`kubectl
 // debug`: the pods/ephemeralcontainers subresource), and for an update that
@@ -153,7 +163,7 @@ func podRequestEdited() string {
 	val := func(v string) string {
 		return fmt.Sprintf("(has(%[1]s.metadata.annotations) && k in %[1]s.metadata.annotations ? 'set:' + %[1]s.metadata.annotations[k] : 'unset')", v)
 	}
-	return fmt.Sprintf("request.operation == 'CREATE' || (has(request.subResource) && request.subResource == 'ephemeralcontainers') || (object != null && oldObject != null && %s.exists(k, %s != %s))", celList(gpureq.RequestKeys), val("object"), val("oldObject"))
+	return fmt.Sprintf("request.operation == 'CREATE' || (has(request.subResource) && request.subResource == 'ephemeralcontainers') || (object != null && oldObject != null && %s.exists(k, %s != %s))", celList(podUpdateRefusedKeys()), val("object"), val("oldObject"))
 }
 
 // FastPathConditionName names the pod mutating webhook's one match
@@ -163,8 +173,9 @@ const FastPathConditionName = "gpu-pod-not-from-an-injected-template"
 // FastPathCondition is the pod mutating webhook's condition with the fast
 // path: asks-for-gpus, except for a pod that a trusted controller creates
 // for its Job or PyTorchJob from a template carrying the current injection
-// marker, that needs no checkpoint wrapping or resume step, and that
-// already has the placement gate if it has a plan. A tenant cannot meet
+// marker, that needs no checkpoint wrapping or resume step, that already
+// has the placement gate if it has a plan, and that has a plan if it asks
+// for gpupack.io/vgpu. A tenant cannot meet
 // it: tenants are not those controllers, the controllers copy their pods
 // from templates, and every GPU template passes the job webhooks, which set
 // the marker only on a template whose pods are already a fixed point
@@ -180,8 +191,10 @@ func FastPathCondition(creators []string, fingerprint string) admissionregistrat
 		"request.userInfo.username in " + celList(creators),
 		fmt.Sprintf("has(%[1]s) && '%[2]s' in %[1]s && %[1]s['%[2]s'] == '%[3]s'", ann, v1alpha1.AnnotationInjected, fingerprint),
 		fmt.Sprintf("!(%s.exists(k, k in %s))", celList([]string{v1alpha1.AnnotationCheckpoint, v1alpha1.AnnotationLastConsistentCheckpoint}), ann),
-		fmt.Sprintf("(!('%s' in %s) || (has(object.spec.schedulingGates) && object.spec.schedulingGates.exists(g, g.name == '%s')))",
-			v1alpha1.AnnotationPlan, ann, v1alpha1.SchedulingGatePlacement),
+		// A planned pod must already be gated; a fractional pod must be
+		// planned (the pod webhook denies one that cannot get a plan).
+		fmt.Sprintf("(('%s' in %s) ? (has(object.spec.schedulingGates) && object.spec.schedulingGates.exists(g, g.name == '%s')) : !(has(object.spec.containers) && %s))",
+			v1alpha1.AnnotationPlan, ann, v1alpha1.SchedulingGatePlacement, containersAsk("object.spec.containers", []string{v1alpha1.ResourceVGPU})),
 		"has(object.metadata.ownerReferences) && object.metadata.ownerReferences.exists(r, has(r.controller) && r.controller && " +
 			"((r.apiVersion == 'batch/v1' && r.kind == 'Job') || (r.apiVersion == 'kubeflow.org/v1' && r.kind == 'PyTorchJob')))",
 	}, " && ")
@@ -202,12 +215,15 @@ func podMutatingConditions(o ServeOptions) []admissionregistrationv1.MatchCondit
 type target struct {
 	kind, group, version, resource string
 	mutate, validate               string
+	// clusterScoped kinds (ClusterTrainingRuntime) match Cluster scope; the
+	// namespace selector does not apply to them.
+	clusterScoped bool
 }
 
 var targets = []target{
-	{"Pod", "", "v1", "pods", PathMutatePod, PathValidatePod},
-	{"Job", "batch", "v1", "jobs", PathMutateJob, PathValidateJob},
-	{"PyTorchJob", "kubeflow.org", "v1", "pytorchjobs", PathMutatePyTorchJob, PathValidatePyTorchJb},
+	{"Pod", "", "v1", "pods", PathMutatePod, PathValidatePod, false},
+	{"Job", "batch", "v1", "jobs", PathMutateJob, PathValidateJob, false},
+	{"PyTorchJob", "kubeflow.org", "v1", "pytorchjobs", PathMutatePyTorchJob, PathValidatePyTorchJb, false},
 }
 
 // WebhookConfigurations returns the mutating and validating configurations.
@@ -229,10 +245,15 @@ func WebhookConfigurations(o ServeOptions) (*admissionregistrationv1.MutatingWeb
 		p := path
 		return admissionregistrationv1.WebhookClientConfig{Service: &admissionregistrationv1.ServiceReference{Namespace: o.Namespace, Name: o.ServiceName, Path: &p}}
 	}
+	clusterScope := admissionregistrationv1.ClusterScope
 	rule := func(t target, ops []admissionregistrationv1.OperationType, resources ...string) []admissionregistrationv1.RuleWithOperations {
+		s := &scope
+		if t.clusterScoped {
+			s = &clusterScope
+		}
 		return []admissionregistrationv1.RuleWithOperations{{
 			Operations: ops,
-			Rule:       admissionregistrationv1.Rule{APIGroups: []string{t.group}, APIVersions: []string{t.version}, Resources: append([]string{t.resource}, resources...), Scope: &scope},
+			Rule:       admissionregistrationv1.Rule{APIGroups: []string{t.group}, APIVersions: []string{t.version}, Resources: append([]string{t.resource}, resources...), Scope: s},
 		}}
 	}
 	meta := func(name string) metav1.ObjectMeta {

@@ -90,7 +90,7 @@ func TestSyncFastPath(t *testing.T) {
 func TestJobUpdatePatch(t *testing.T) {
 	ctx := context.Background()
 	h := handlers(t, mutation.Config{})
-	j := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "j", Namespace: "ns", Annotations: map[string]string{v1alpha1.AnnotationGPUMemory: "20Gi"}}}
+	j := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "j", Namespace: "ns", Labels: map[string]string{mutation.LabelQueueName: "q"}, Annotations: map[string]string{v1alpha1.AnnotationGPUMemory: "20Gi"}}}
 	j.Spec.Template.Spec.Containers = []corev1.Container{{Name: "c", Image: "i", Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{v1alpha1.ResourceNvidiaGPU: resource.MustParse("1")}}}}
 	j.Spec.Template.Spec.NodeSelector = map[string]string{"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
 	req := request(t, admissionv1.Create, j, nil)

@@ -1,9 +1,13 @@
 package webhooks
 
 // The job kinds beyond batch Job and PyTorchJob: JobSet, LeaderWorkerSet,
-// apps/v1 Deployment and StatefulSet. Their handlers only decode the
-// request (no API reads, no CRD types in the manager's scheme), so they are
-// always served; which kinds get webhook entries is ServeOptions.JobKinds,
+// apps/v1 Deployment and StatefulSet, Kubeflow Trainer v2's TrainJob,
+// TrainingRuntime and ClusterTrainingRuntime, KubeRay's RayJob and
+// RayCluster, and the MPI operator's MPIJob. Their handlers decode the
+// request with no CRD types in the manager's scheme, so they are always
+// served; the only API reads are the unmanaged-GPU policy's (kueueView, for
+// the kinds with a Kueue framework, on GPU objects Kueue will not manage by
+// their own labels). Which kinds get webhook entries is ServeOptions.JobKinds,
 // and the manager keeps the installed configurations to the kinds the
 // cluster serves (SetupJobKinds), so a cluster without JobSet runs as before.
 
@@ -22,6 +26,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -32,10 +37,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
+	mpi "github.com/kubeflow/mpi-operator/pkg/apis/kubeflow/v2beta1"
+	ray "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
 	jobset "sigs.k8s.io/jobset/api/jobset/v1alpha2"
 	lws "sigs.k8s.io/lws/api/leaderworkerset/v1"
 
 	"github.com/gpupack/gpupack/webhooks/mutation"
+	trainer "github.com/gpupack/gpupack/webhooks/mutation/trainerapi/v1alpha1"
 )
 
 // Paths of the job kinds' handlers.
@@ -48,12 +56,30 @@ const (
 	PathValidateDeployment          = "/validate-apps-v1-deployment"
 	PathMutateStatefulSet           = "/mutate-apps-v1-statefulset"
 	PathValidateStatefulSet         = "/validate-apps-v1-statefulset"
+	PathMutateTrainJob              = "/mutate-trainer-kubeflow-org-v1alpha1-trainjob"
+	PathValidateTrainJob            = "/validate-trainer-kubeflow-org-v1alpha1-trainjob"
+	PathMutateTrainingRuntime       = "/mutate-trainer-kubeflow-org-v1alpha1-trainingruntime"
+	PathValidateTrainingRuntime     = "/validate-trainer-kubeflow-org-v1alpha1-trainingruntime"
+	PathMutateClusterTrainingRT     = "/mutate-trainer-kubeflow-org-v1alpha1-clustertrainingruntime"
+	PathValidateClusterTrainingRT   = "/validate-trainer-kubeflow-org-v1alpha1-clustertrainingruntime"
+	PathMutateRayJob                = "/mutate-ray-io-v1-rayjob"
+	PathValidateRayJob              = "/validate-ray-io-v1-rayjob"
+	PathMutateRayCluster            = "/mutate-ray-io-v1-raycluster"
+	PathValidateRayCluster          = "/validate-ray-io-v1-raycluster"
+	PathMutateMPIJob                = "/mutate-kubeflow-org-v2beta1-mpijob"
+	PathValidateMPIJob              = "/validate-kubeflow-org-v2beta1-mpijob"
 	KindJobSet, KindLeaderWorkerSet = "JobSet", "LeaderWorkerSet"
 	KindDeployment, KindStatefulSet = "Deployment", "StatefulSet"
+	KindTrainJob                    = "TrainJob"
+	KindTrainingRuntime             = "TrainingRuntime"
+	KindClusterTrainingRuntime      = "ClusterTrainingRuntime"
+	KindRayJob, KindRayCluster      = "RayJob", "RayCluster"
+	KindMPIJob                      = "MPIJob"
 )
 
 // AllJobKinds are the job kinds gpupack converts besides Job and PyTorchJob.
-var AllJobKinds = []string{KindJobSet, KindLeaderWorkerSet, KindDeployment, KindStatefulSet}
+var AllJobKinds = []string{KindJobSet, KindLeaderWorkerSet, KindDeployment, KindStatefulSet,
+	KindTrainJob, KindTrainingRuntime, KindClusterTrainingRuntime, KindRayJob, KindRayCluster, KindMPIJob}
 
 // jobKind describes one kind: its resource, paths, how to decode it and how
 // its templates behave on update.
@@ -68,6 +94,26 @@ type jobKind struct {
 	// other kinds roll their templates out at any time, so an update is
 	// converted like a create.
 	suspended func(raw []byte) bool
+	// handlers, when set, replace the template handlers (a TrainJob has
+	// no pod template of its own: trainjob.go).
+	handlers func(m *mutation.Mutator) (mutate, validate admission.Handler)
+	// unmanagedChecked: the unmanaged-GPU policy checks the object itself
+	// at creation (and keepsManagement on update), as it does Jobs and
+	// PyTorchJobs, so whoever applies it hears the denial instead of its
+	// controller when it creates the pods or child Jobs.
+	unmanagedChecked bool
+}
+
+// framework is the kind's name in Kueue's integrations.frameworks.
+func (k jobKind) framework() string {
+	return mutation.Framework(k.group+"/"+k.version, k.kind)
+}
+
+func suspendedBy[T any](f func(*T) bool) func([]byte) bool {
+	return func(raw []byte) bool {
+		o := new(T)
+		return decode(raw, o) == nil && f(o)
+	}
 }
 
 func decodeTemplates[T any](kinds func(*T) []mutation.Template, ann func(*T) map[string]string) func([]byte) (map[string]string, []mutation.Template, error) {
@@ -82,24 +128,55 @@ func decodeTemplates[T any](kinds func(*T) []mutation.Template, ann func(*T) map
 
 var jobKinds = map[string]jobKind{
 	KindJobSet: {
-		target:    target{KindJobSet, jobset.GroupVersion.Group, jobset.GroupVersion.Version, "jobsets", PathMutateJobSet, PathValidateJobSet},
-		templates: decodeTemplates(mutation.JobSetTemplates, func(j *jobset.JobSet) map[string]string { return j.Annotations }),
-		suspended: func(raw []byte) bool {
-			j := &jobset.JobSet{}
-			return decode(raw, j) == nil && j.Spec.Suspend != nil && *j.Spec.Suspend
-		},
+		target:           target{kind: KindJobSet, group: jobset.GroupVersion.Group, version: jobset.GroupVersion.Version, resource: "jobsets", mutate: PathMutateJobSet, validate: PathValidateJobSet},
+		templates:        decodeTemplates(mutation.JobSetTemplates, func(j *jobset.JobSet) map[string]string { return j.Annotations }),
+		suspended:        suspendedBy(func(j *jobset.JobSet) bool { return j.Spec.Suspend != nil && *j.Spec.Suspend }),
+		unmanagedChecked: true,
 	},
 	KindLeaderWorkerSet: {
-		target:    target{KindLeaderWorkerSet, lws.GroupVersion.Group, lws.GroupVersion.Version, "leaderworkersets", PathMutateLeaderWorkerSet, PathValidateLeaderWorkerSet},
-		templates: decodeTemplates(mutation.LeaderWorkerSetTemplates, func(l *lws.LeaderWorkerSet) map[string]string { return l.Annotations }),
+		target:           target{kind: KindLeaderWorkerSet, group: lws.GroupVersion.Group, version: lws.GroupVersion.Version, resource: "leaderworkersets", mutate: PathMutateLeaderWorkerSet, validate: PathValidateLeaderWorkerSet},
+		templates:        decodeTemplates(mutation.LeaderWorkerSetTemplates, func(l *lws.LeaderWorkerSet) map[string]string { return l.Annotations }),
+		unmanagedChecked: true,
 	},
 	KindDeployment: {
-		target:    target{KindDeployment, "apps", "v1", "deployments", PathMutateDeployment, PathValidateDeployment},
-		templates: decodeTemplates(mutation.DeploymentTemplates, func(d *appsv1.Deployment) map[string]string { return d.Annotations }),
+		target:           target{kind: KindDeployment, group: "apps", version: "v1", resource: "deployments", mutate: PathMutateDeployment, validate: PathValidateDeployment},
+		templates:        decodeTemplates(mutation.DeploymentTemplates, func(d *appsv1.Deployment) map[string]string { return d.Annotations }),
+		unmanagedChecked: true,
 	},
 	KindStatefulSet: {
-		target:    target{KindStatefulSet, "apps", "v1", "statefulsets", PathMutateStatefulSet, PathValidateStatefulSet},
-		templates: decodeTemplates(mutation.StatefulSetTemplates, func(s *appsv1.StatefulSet) map[string]string { return s.Annotations }),
+		target:           target{kind: KindStatefulSet, group: "apps", version: "v1", resource: "statefulsets", mutate: PathMutateStatefulSet, validate: PathValidateStatefulSet},
+		templates:        decodeTemplates(mutation.StatefulSetTemplates, func(s *appsv1.StatefulSet) map[string]string { return s.Annotations }),
+		unmanagedChecked: true,
+	},
+	KindTrainJob: {
+		target:   target{kind: KindTrainJob, group: trainer.GroupVersion.Group, version: trainer.GroupVersion.Version, resource: "trainjobs", mutate: PathMutateTrainJob, validate: PathValidateTrainJob},
+		handlers: trainJobHandlers,
+	},
+	// A runtime's template is what every TrainJob naming it starts from: a
+	// new template applies to the next TrainJobs, so updates convert.
+	KindTrainingRuntime: {
+		target:    target{kind: KindTrainingRuntime, group: trainer.GroupVersion.Group, version: trainer.GroupVersion.Version, resource: "trainingruntimes", mutate: PathMutateTrainingRuntime, validate: PathValidateTrainingRuntime},
+		templates: decodeTemplates(mutation.TrainingRuntimeTemplates, func(r *trainer.TrainingRuntime) map[string]string { return r.Annotations }),
+	},
+	KindClusterTrainingRuntime: {
+		target: target{kind: KindClusterTrainingRuntime, group: trainer.GroupVersion.Group, version: trainer.GroupVersion.Version, resource: "clustertrainingruntimes",
+			mutate: PathMutateClusterTrainingRT, validate: PathValidateClusterTrainingRT, clusterScoped: true},
+		templates: decodeTemplates(mutation.ClusterTrainingRuntimeTemplates, func(r *trainer.ClusterTrainingRuntime) map[string]string { return r.Annotations }),
+	},
+	KindRayJob: {
+		target:    target{kind: KindRayJob, group: ray.GroupVersion.Group, version: ray.GroupVersion.Version, resource: "rayjobs", mutate: PathMutateRayJob, validate: PathValidateRayJob},
+		templates: decodeTemplates(mutation.RayJobTemplates, func(j *ray.RayJob) map[string]string { return j.Annotations }),
+		suspended: suspendedBy(func(j *ray.RayJob) bool { return j.Spec.Suspend }),
+	},
+	KindRayCluster: {
+		target:    target{kind: KindRayCluster, group: ray.GroupVersion.Group, version: ray.GroupVersion.Version, resource: "rayclusters", mutate: PathMutateRayCluster, validate: PathValidateRayCluster},
+		templates: decodeTemplates(mutation.RayClusterTemplates, func(c *ray.RayCluster) map[string]string { return c.Annotations }),
+		suspended: suspendedBy(func(c *ray.RayCluster) bool { return c.Spec.Suspend != nil && *c.Spec.Suspend }),
+	},
+	KindMPIJob: {
+		target:    target{kind: KindMPIJob, group: mpi.SchemeGroupVersion.Group, version: mpi.SchemeGroupVersion.Version, resource: "mpijobs", mutate: PathMutateMPIJob, validate: PathValidateMPIJob},
+		templates: decodeTemplates(mutation.MPIJobTemplates, func(j *mpi.MPIJob) map[string]string { return j.Annotations }),
+		suspended: suspendedBy(func(j *mpi.MPIJob) bool { return j.Spec.RunPolicy.Suspend != nil && *j.Spec.RunPolicy.Suspend }),
 	},
 }
 
@@ -180,33 +257,119 @@ func jobKindIsGPU(kind, v string) string {
 			v, annotated(v+".metadata"), lwt, templateIsGPU(lwt+".leaderTemplate"), templateIsGPU(lwt+".workerTemplate"))
 	case KindDeployment, KindStatefulSet:
 		return isGPU("Job", v) // spec.template, as a Job's
+	case KindTrainingRuntime, KindClusterTrainingRuntime:
+		rj := v + ".spec.template.spec.replicatedJobs"
+		t := "rj.template.spec.template"
+		return fmt.Sprintf("%[2]s || (has(%[1]s.spec) && has(%[1]s.spec.template) && has(%[1]s.spec.template.spec) && has(%[3]s) && %[3]s.exists(rj, has(rj.template) && has(rj.template.spec) && has(%[4]s) && (%[5]s)))",
+			v, annotated(v+".metadata"), rj, t, templateIsGPU(t))
+	case KindTrainJob:
+		tr := v + ".spec.trainer"
+		return fmt.Sprintf("%[2]s || (has(%[1]s.spec) && has(%[3]s) && has(%[3]s.resourcesPerNode) && (%[4]s))", v, annotated(v+".metadata"), tr, resourcesAskGPU(tr+".resourcesPerNode"))
+	case KindRayCluster:
+		return fmt.Sprintf("%[2]s || (has(%[1]s.spec) && (%[3]s))", v, annotated(v+".metadata"), rayClusterIsGPU(v+".spec"))
+	case KindRayJob:
+		sub := v + ".spec.submitterPodTemplate"
+		return fmt.Sprintf("%[2]s || (has(%[1]s.spec) && ((has(%[1]s.spec.rayClusterSpec) && (%[3]s)) || (has(%[4]s) && (%[5]s))))",
+			v, annotated(v+".metadata"), rayClusterIsGPU(v+".spec.rayClusterSpec"), sub, templateIsGPU(sub))
+	case KindMPIJob:
+		rs := v + ".spec.mpiReplicaSpecs"
+		return fmt.Sprintf("%[2]s || (has(%[1]s.spec) && has(%[3]s) && %[3]s.exists(k, has(%[3]s[k].template) && (%[4]s)))", v, annotated(v+".metadata"), rs, templateIsGPU(rs+"[k].template"))
 	}
 	panic("unknown kind " + kind)
 }
 
+// rayClusterIsGPU: a RayClusterSpec (CEL expression) whose head or any
+// worker group template asks for GPUs.
+func rayClusterIsGPU(s string) string {
+	head := s + ".headGroupSpec.template"
+	g := "g.template"
+	return fmt.Sprintf("(has(%[1]s.headGroupSpec) && has(%[2]s) && (%[3]s)) || (has(%[1]s.workerGroupSpecs) && %[1]s.workerGroupSpecs.exists(g, has(%[4]s) && (%[5]s)))",
+		s, head, templateIsGPU(head), g, templateIsGPU(g))
+}
+
+// resourcesAskGPU: a ResourceRequirements (CEL expression) that names a GPU resource.
+func resourcesAskGPU(r string) string {
+	l := celList(gpuResources)
+	return fmt.Sprintf("(has(%[1]s.limits) && %[2]s.exists(x, x in %[1]s.limits)) || (has(%[1]s.requests) && %[2]s.exists(x, x in %[1]s.requests))", r, l)
+}
+
 // kindHandlers are the job kinds' handlers by path, every kind.
-func kindHandlers(m *mutation.Mutator) map[string]admission.Handler {
+func kindHandlers(m *mutation.Mutator, kv kueueView) map[string]admission.Handler {
 	out := map[string]admission.Handler{}
 	for _, k := range AllJobKinds {
 		jk := jobKinds[k]
-		out[jk.mutate] = instrumented{"mutating", k, &kindMutator{m: m, k: jk}}
-		out[jk.validate] = instrumented{"validating", k, &kindValidator{m: m, k: jk}}
+		var mh, vh admission.Handler = &kindMutator{m: m, k: jk, kv: kv}, &kindValidator{m: m, k: jk}
+		if jk.handlers != nil {
+			mh, vh = jk.handlers(m)
+		}
+		out[jk.mutate] = instrumented{"mutating", k, mh}
+		out[jk.validate] = instrumented{"validating", k, vh}
 	}
 	return out
 }
 
 type kindMutator struct {
-	m *mutation.Mutator
-	k jobKind
+	m  *mutation.Mutator
+	k  jobKind
+	kv kueueView
 }
 
-func (h *kindMutator) Handle(_ context.Context, req admission.Request) admission.Response {
+// templatesAskGPU: some template's containers (init containers included)
+// ask for a GPU resource.
+func templatesAskGPU(ts []mutation.Template) bool {
+	for _, t := range ts {
+		if specAsksGPU(&t.T.Spec) {
+			return true
+		}
+	}
+	return false
+}
+
+// unmanaged applies the unmanaged-GPU policy to a GPU object of a kind
+// that has a Kueue framework: at creation the object itself, on update a
+// change that takes it out of Kueue's hands (keepsManagement). The rule
+// is kueueView's and CheckUnmanaged's, as for pods, Jobs and PyTorchJobs.
+func (h *kindMutator) unmanaged(ctx context.Context, req admission.Request, ts []mutation.Template) error {
+	if !h.k.unmanagedChecked || !templatesAskGPU(ts) {
+		return nil
+	}
+	obj := &metav1.PartialObjectMetadata{}
+	if err := decode(req.Object.Raw, obj); err != nil {
+		return err
+	}
+	if obj.Namespace == "" {
+		obj.Namespace = req.Namespace
+	}
+	if req.Operation == admissionv1.Update {
+		if err := h.kv.keepsManagement(ctx, req, obj, h.k.framework(), true); err != nil {
+			return err
+		}
+		// An update that adds GPUs to its templates, or changes its owner
+		// references, is judged as a creation by the one who makes it: a
+		// CPU StatefulSet under a tenant's queued pod would otherwise get
+		// GPUs later (third review, finding 2).
+		old := &metav1.PartialObjectMetadata{}
+		_, oldTs, err := h.k.templates(req.OldObject.Raw)
+		if err != nil || json.Unmarshal(req.OldObject.Raw, old) != nil || (templatesAskGPU(oldTs) && equality.Semantic.DeepEqual(old.OwnerReferences, obj.OwnerReferences)) {
+			return nil
+		}
+	}
+	if u := h.kv.unmanaged(ctx, obj, h.k.framework(), &req.UserInfo); u != nil {
+		return h.m.CheckUnmanaged(describeKind(h.k.kind, obj.Name), *u)
+	}
+	return nil
+}
+
+func (h *kindMutator) Handle(ctx context.Context, req admission.Request) admission.Response {
 	if req.Operation != admissionv1.Create && req.Operation != admissionv1.Update {
 		return admission.Allowed("")
 	}
 	ann, ts, err := h.k.templates(req.Object.Raw)
 	if err != nil {
 		return admission.Errored(http.StatusBadRequest, err)
+	}
+	if err := h.unmanaged(ctx, req, ts); err != nil {
+		return admission.Denied(err.Error())
 	}
 	if req.Operation == admissionv1.Update && h.k.suspended != nil {
 		h.m.SyncTemplates(ts)

@@ -33,6 +33,11 @@ import (
 	"github.com/gpupack/gpupack/webhooks/mutation"
 )
 
+// kindsConfig: these tests are about conversion, on objects Kueue would
+// not manage; the unmanaged-GPU policy for the job kinds is
+// TestJobKindsUnmanagedGPUs.
+var kindsConfig = Config{UnmanagedGPUs: mutation.UnmanagedGPUsConfig{Policy: mutation.UnmanagedAllow}}
+
 func resourceQ(s string) resource.Quantity { return resource.MustParse(s) }
 
 func gpuTemplate(ann map[string]string, gpus string) corev1.PodTemplateSpec {
@@ -62,7 +67,7 @@ func testJobSet(ann map[string]string, suspend bool, ts ...corev1.PodTemplateSpe
 
 func handle(t *testing.T, path string, op admissionv1.Operation, obj, old any) cradmission.Response {
 	t.Helper()
-	m, err := mutation.New(Config{})
+	m, err := mutation.New(kindsConfig)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +82,7 @@ func TestJobSetWebhook(t *testing.T) {
 	mem := map[string]string{v1alpha1.AnnotationGPUMemory: "20Gi"}
 	js := testJobSet(mem, true, cpuTemplate(), gpuTemplate(nil, "2"))
 	req := request(t, admissionv1.Create, js, nil)
-	m, _ := mutation.New(Config{})
+	m, _ := mutation.New(kindsConfig)
 	resp := Handlers(m, nil)[PathMutateJobSet].Handle(context.Background(), req)
 	if !resp.Allowed {
 		t.Fatalf("denied: %+v", resp.Result)
@@ -128,7 +133,7 @@ func TestJobSetWebhookKeepsUnknownFields(t *testing.T) {
 	cpuSpec["futurePodField"] = true
 	raw, _ = json.Marshal(doc)
 	req := cradmission.Request{AdmissionRequest: admissionv1.AdmissionRequest{Operation: admissionv1.Create, Namespace: "ns", Object: kruntime.RawExtension{Raw: raw}}}
-	m, _ := mutation.New(Config{})
+	m, _ := mutation.New(kindsConfig)
 	resp := Handlers(m, nil)[PathMutateJobSet].Handle(context.Background(), req)
 	if !resp.Allowed || len(resp.Patches) == 0 {
 		t.Fatalf("allowed %v, %d patches", resp.Allowed, len(resp.Patches))
@@ -143,7 +148,7 @@ func TestJobSetWebhookKeepsUnknownFields(t *testing.T) {
 }
 
 func TestJobSetWebhookUpdate(t *testing.T) {
-	m, _ := mutation.New(Config{})
+	m, _ := mutation.New(kindsConfig)
 	js := testJobSet(map[string]string{v1alpha1.AnnotationGPUMemory: "20Gi"}, false, gpuTemplate(nil, "1"))
 	if _, err := m.JobSet(js); err != nil {
 		t.Fatal(err)
@@ -212,7 +217,7 @@ func TestRolloutKindWebhooks(t *testing.T) {
 			// Create and update (a rollout: new templates) convert alike.
 			for _, op := range []admissionv1.Operation{admissionv1.Create, admissionv1.Update} {
 				req := request(t, op, tc.obj, tc.obj)
-				m, _ := mutation.New(Config{})
+				m, _ := mutation.New(kindsConfig)
 				resp := Handlers(m, nil)[tc.mutate].Handle(context.Background(), req)
 				if !resp.Allowed {
 					t.Fatalf("%s denied: %v", op, resp.Result)
@@ -313,7 +318,7 @@ func TestParseAndServedJobKinds(t *testing.T) {
 	if k, err := ParseJobKinds("none"); err != nil || k != nil {
 		t.Errorf("none: %v %v", k, err)
 	}
-	if _, err := ParseJobKinds("RayJob"); err == nil || !strings.Contains(err.Error(), `unknown job kind "RayJob"`) {
+	if _, err := ParseJobKinds("SparkApplication"); err == nil || !strings.Contains(err.Error(), `unknown job kind "SparkApplication"`) {
 		t.Errorf("unknown kind: %v", err)
 	}
 	// A cluster without the JobSet and LWS CRDs: only the apps kinds.

@@ -88,7 +88,7 @@ func podCreate(p *corev1.Pod, username string) *admission.VersionedAttributes {
 	return va
 }
 
-type matchPods struct{ cpu, bare, job, jobNoGate *corev1.Pod }
+type matchPods struct{ cpu, bare, job, jobNoGate, jobNoPlan *corev1.Pod }
 
 func makeMatchPods(t testing.TB) matchPods {
 	t.Helper()
@@ -115,7 +115,12 @@ func makeMatchPods(t testing.TB) matchPods {
 	job.OwnerReferences = []metav1.OwnerReference{*metav1.NewControllerRef(j, batchv1.SchemeGroupVersion.WithKind("Job"))}
 	noGate := job.DeepCopy()
 	noGate.Spec.SchedulingGates = nil
-	return matchPods{cpu, bare, job, noGate}
+	// A fractional pod from a marked template without a plan (a job Kueue
+	// does not place with gang-fit): it must reach the webhook, which
+	// denies it (finding 1).
+	noPlan := noGate.DeepCopy()
+	delete(noPlan.Annotations, v1alpha1.AnnotationPlan)
+	return matchPods{cpu, bare, job, noGate, noPlan}
 }
 
 func TestPodMatchConditions(t *testing.T) {
@@ -139,6 +144,7 @@ func TestPodMatchConditions(t *testing.T) {
 		{"job pod from the Job controller, no fast path", DefaultServeOptions(), pods.job, kcm, true},
 		{"job pod copied by a tenant", fast, pods.job, tenant, true},
 		{"job pod with a plan but no gate", fast, pods.jobNoGate, kcm, true},
+		{"fractional job pod without a plan", fast, pods.jobNoPlan, kcm, true},
 	} {
 		r := podMatcher(t, tc.o).Match(context.Background(), podCreate(tc.pod.DeepCopy(), tc.user), nil, nil)
 		if r.Error != nil || r.Matches != tc.calls {
@@ -206,6 +212,18 @@ func TestValidatingPodUpdateConditions(t *testing.T) {
 	cur.Labels = map[string]string{"x": "y"}
 	if r := m.Match(context.Background(), update(cur, old, ""), nil, nil); r.Error != nil || r.Matches {
 		t.Errorf("relabelling a GPU pod: matches %v, error %v", r.Matches, r.Error)
+	}
+	// A tenant removing gpupack.io/checkpoint from a running GPU pod is sent
+	// (the validator refuses it: review 16, H3).
+	opted := old.DeepCopy()
+	if opted.Annotations == nil {
+		opted.Annotations = map[string]string{}
+	}
+	opted.Annotations[v1alpha1.AnnotationCheckpoint] = "true"
+	removed := opted.DeepCopy()
+	delete(removed.Annotations, v1alpha1.AnnotationCheckpoint)
+	if r := m.Match(context.Background(), update(removed, opted, ""), nil, nil); r.Error != nil || !r.Matches {
+		t.Errorf("removing %s from a GPU pod: matches %v, error %v", v1alpha1.AnnotationCheckpoint, r.Matches, r.Error)
 	}
 	dbg := old.DeepCopy()
 	dbg.Spec.EphemeralContainers = []corev1.EphemeralContainer{{EphemeralContainerCommon: corev1.EphemeralContainerCommon{Name: "dbg", Image: "busybox"}}}

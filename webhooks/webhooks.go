@@ -17,7 +17,6 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
@@ -26,6 +25,7 @@ import (
 	kftraining "github.com/kubeflow/training-operator/pkg/apis/kubeflow.org/v1"
 
 	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
+	"github.com/gpupack/gpupack/preemption/owners"
 	"github.com/gpupack/gpupack/webhooks/mutation"
 )
 
@@ -56,22 +56,30 @@ func Setup(mgr ctrl.Manager, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	for path, h := range Handlers(m, mgr.GetClient()) {
+	for path, h := range HandlersWith(m, Readers{Cached: mgr.GetClient(), Live: mgr.GetAPIReader()}) {
 		mgr.GetWebhookServer().Register(path, &webhook.Admission{Handler: h})
 	}
 	return nil
 }
 
 // Handlers returns the handlers by path. owners reads the owning Job or
-// PyTorchJob of a pod (for GPUPACK_RESUME_STEP); nil skips that.
+// PyTorchJob of a pod (for GPUPACK_RESUME_STEP), the owners of GPU objects
+// and their namespaces (the unmanaged-GPU policy); nil skips the first and
+// counts every owned GPU object as one Kueue will not manage.
 func Handlers(m *mutation.Mutator, owners client.Reader) map[string]admission.Handler {
-	hs := kindHandlers(m) // JobSet, LeaderWorkerSet, Deployment, StatefulSet (kinds.go)
+	return HandlersWith(m, Readers{Cached: owners, Live: owners})
+}
+
+// HandlersWith is Handlers with a cached and a live reader.
+func HandlersWith(m *mutation.Mutator, r Readers) map[string]admission.Handler {
+	kv := kueueView{m: m, r: r}
+	hs := kindHandlers(m, kv) // JobSet, LeaderWorkerSet, Deployment, StatefulSet (kinds.go)
 	for p, h := range map[string]admission.Handler{
-		PathMutatePod:         instrumented{"mutating", "Pod", &podMutator{m: m, owners: owners}},
-		PathValidatePod:       instrumented{"validating", "Pod", &podValidator{m: m}},
-		PathMutateJob:         instrumented{"mutating", "Job", &jobMutator{m: m}},
+		PathMutatePod:         instrumented{"mutating", "Pod", &podMutator{m: m, kv: kv}},
+		PathValidatePod:       instrumented{"validating", "Pod", &podValidator{m: m, kv: kv}},
+		PathMutateJob:         instrumented{"mutating", "Job", &jobMutator{m: m, kv: kv}},
 		PathValidateJob:       instrumented{"validating", "Job", &jobValidator{m: m}},
-		PathMutatePyTorchJob:  instrumented{"mutating", "PyTorchJob", &ptMutator{m: m}},
+		PathMutatePyTorchJob:  instrumented{"mutating", "PyTorchJob", &ptMutator{m: m, kv: kv}},
 		PathValidatePyTorchJb: instrumented{"validating", "PyTorchJob", &ptValidator{m: m}},
 	} {
 		hs[p] = h
@@ -171,8 +179,8 @@ func denied(err error, warn []string) admission.Response {
 }
 
 type podMutator struct {
-	m      *mutation.Mutator
-	owners client.Reader
+	m  *mutation.Mutator
+	kv kueueView
 }
 
 func (h *podMutator) Handle(ctx context.Context, req admission.Request) admission.Response {
@@ -188,9 +196,21 @@ func (h *podMutator) Handle(ctx context.Context, req admission.Request) admissio
 	}
 	before, _ := json.Marshal(pod.Spec)
 	beforeAnn := maps.Clone(pod.Annotations)
-	warn, err := h.m.Pod(pod, mutation.PodContext{ResumeStep: h.resumeStep(ctx, pod)})
+	// The job at the top of the pod's controller chain, read once (live)
+	// for the job id and the checkpoint class.
+	top := topOf(ctx, h.kv, pod)
+	pc := mutation.PodContext{ResumeStep: h.resumeStep(ctx, pod), JobID: jobIDOf(pod, top)}
+	pc.Class, pc.ClassKnown = h.priorityClass(ctx, pod, top)
+	warn, err := h.m.AdmitPod(pod, pc)
 	if err != nil {
 		return denied(err, warn)
+	}
+	if specAsksGPU(&pod.Spec) {
+		if u := h.kv.unmanaged(ctx, pod, "pod", &req.UserInfo); u != nil {
+			if err := h.m.CheckUnmanaged(describeKind("pod", pod.Name), *u); err != nil {
+				return denied(err, warn)
+			}
+		}
 	}
 	resp := specPatch(before, pod.Spec, warn)
 	if !maps.Equal(beforeAnn, pod.Annotations) {
@@ -207,41 +227,91 @@ func (h *podMutator) Handle(ctx context.Context, req admission.Request) admissio
 }
 
 // resumeStep reads gpupack.io/last-consistent-checkpoint from the pod's
-// controlling Job or PyTorchJob (metadata only, from the cache). Any error
-// means "no step": resuming from scratch is safe, a denial is not.
+// job: the nearest owner up its controller chain that carries it, walking
+// on only through the objects Kueue's pod integration passes through
+// (passThrough: a StatefulSet or ReplicaSet, and the leader Pod that owns
+// an LWS group's worker StatefulSet) — so a pod of a Job or PyTorchJob
+// reads its Job or PyTorchJob (from the cache, as before), an LWS pod its
+// LeaderWorkerSet, a Deployment's pod its Deployment, where the preemption
+// coordinator records the step. Each step checks the owner's UID (a tenant
+// can write any owner reference). Any error means "no step": resuming from
+// scratch is safe, a denial is not.
 func (h *podMutator) resumeStep(ctx context.Context, pod *corev1.Pod) string {
-	if h.owners == nil {
+	if h.kv.r.Cached == nil && h.kv.r.Live == nil {
 		return ""
 	}
-	ref := metav1.GetControllerOf(pod)
-	if ref == nil {
-		return ""
+	var cur metav1.Object = pod
+	for depth := 0; depth < maxOwnerDepth; depth++ {
+		ref := metav1.GetControllerOf(cur)
+		if ref == nil {
+			return ""
+		}
+		owner, err := h.kv.owner(ctx, pod.Namespace, ref)
+		if err != nil || owner.UID != ref.UID {
+			return ""
+		}
+		if step, ok := owner.Annotations[v1alpha1.AnnotationLastConsistentCheckpoint]; ok {
+			return step
+		}
+		if !passThrough(ref) {
+			return ""
+		}
+		cur = owner
 	}
-	meta := &metav1.PartialObjectMetadata{}
-	switch {
-	case ref.Kind == "Job" && ref.APIVersion == "batch/v1":
-		meta.SetGroupVersionKind(batchv1.SchemeGroupVersion.WithKind("Job"))
-	case ref.Kind == kftraining.PyTorchJobKind && ref.APIVersion == kftraining.GroupVersion.String():
-		meta.SetGroupVersionKind(kftraining.GroupVersion.WithKind(kftraining.PyTorchJobKind))
-	default:
-		return ""
-	}
-	if err := h.owners.Get(ctx, types.NamespacedName{Namespace: pod.Namespace, Name: ref.Name}, meta); err != nil {
-		return ""
-	}
-	return meta.Annotations[v1alpha1.AnnotationLastConsistentCheckpoint]
+	return ""
 }
 
-type podValidator struct{ m *mutation.Mutator }
+// jobID names a pod's job — the object Kueue manages, found by the
+// coordinator's walk up the controller chain (preemption/owners: Pod → Job
+// → JobSet → TrainJob, Pod → RayCluster → RayJob, Pod → PyTorchJob; each
+// step checks the UID), read live — by namespace, kind and name
+// (mutation.JobID), not by UID: "delete, fix, re-apply the same YAML" is
+// how a job that cannot be edited is changed, and the re-created job must
+// resume from, not overwrite, its own checkpoints. A pod controlled by a
+// StatefulSet or ReplicaSet (LWS, Deployment) gets none: the walk stops
+// there, and the leader's and the workers' StatefulSets would name two
+// jobs. No controller: none.
+func jobID(ctx context.Context, kv kueueView, pod *corev1.Pod) string {
+	return jobIDOf(pod, topOf(ctx, kv, pod))
+}
 
-func (h *podValidator) Handle(_ context.Context, req admission.Request) admission.Response {
+// topOf is the top of pod's controller chain (owners.Finder.Top: every
+// step read live and UID-checked, the top too), nil when the pod has no
+// controller, when it is a ReplicaSet's or StatefulSet's (Kueue's pod
+// integration: the pod is its own job), or when a read fails — which
+// means "unknown", never an intermediate's identity or class.
+func topOf(ctx context.Context, kv kueueView, pod *corev1.Pod) *metav1.PartialObjectMetadata {
+	if kv.r.Live == nil {
+		return nil
+	}
+	ref := metav1.GetControllerOf(pod)
+	if ref == nil || ref.APIVersion == "apps/v1" {
+		return nil
+	}
+	return owners.Finder{Reader: kv.r.Live}.Top(ctx, pod)
+}
+
+// jobIDOf names pod's job from the top of its chain (topOf).
+func jobIDOf(pod *corev1.Pod, top *metav1.PartialObjectMetadata) string {
+	if top == nil {
+		return ""
+	}
+	return mutation.JobID(pod.Namespace, top.GroupVersionKind().GroupKind(), top.Name)
+}
+
+type podValidator struct {
+	m  *mutation.Mutator
+	kv kueueView
+}
+
+func (h *podValidator) Handle(ctx context.Context, req admission.Request) admission.Response {
 	pod := &corev1.Pod{}
 	if err := decode(req.Object.Raw, pod); err != nil {
 		return admission.Errored(http.StatusBadRequest, err)
 	}
 	switch req.Operation {
 	case admissionv1.Create:
-		if err := h.m.ValidatePod(pod); err != nil {
+		if err := h.m.ValidatePodIn(pod, mutation.PodContext{JobID: jobID(ctx, h.kv, pod)}); err != nil {
 			return admission.Denied(err.Error())
 		}
 	case admissionv1.Update:
@@ -262,14 +332,23 @@ func (h *podValidator) Handle(_ context.Context, req admission.Request) admissio
 	return admission.Allowed("")
 }
 
-type jobMutator struct{ m *mutation.Mutator }
+type jobMutator struct {
+	m  *mutation.Mutator
+	kv kueueView
+}
 
-func (h *jobMutator) Handle(_ context.Context, req admission.Request) admission.Response {
+func (h *jobMutator) Handle(ctx context.Context, req admission.Request) admission.Response {
 	j := &batchv1.Job{}
 	if err := decode(req.Object.Raw, j); err != nil {
 		return admission.Errored(http.StatusBadRequest, err)
 	}
+	if j.Namespace == "" {
+		j.Namespace = req.Namespace
+	}
 	if req.Operation == admissionv1.Update {
+		if err := h.kv.keepsManagement(ctx, req, j, "batch/job", specAsksGPU(&j.Spec.Template.Spec)); err != nil {
+			return admission.Denied(err.Error())
+		}
 		h.m.SyncJob(j)
 		return templatePatch(req.Object.Raw, map[string]*corev1.PodTemplateSpec{"/spec/template": &j.Spec.Template})
 	}
@@ -280,6 +359,13 @@ func (h *jobMutator) Handle(_ context.Context, req admission.Request) admission.
 	warn, err := h.m.Job(j)
 	if err != nil {
 		return denied(err, warn)
+	}
+	if specAsksGPU(&j.Spec.Template.Spec) {
+		if u := h.kv.unmanaged(ctx, j, "batch/job", &req.UserInfo); u != nil {
+			if err := h.m.CheckUnmanaged(describeKind("Job", j.Name), *u); err != nil {
+				return denied(err, warn)
+			}
+		}
 	}
 	return specPatch(before, j.Spec, warn)
 }
@@ -308,14 +394,32 @@ func (h *jobValidator) Handle(_ context.Context, req admission.Request) admissio
 	return admission.Allowed("")
 }
 
-type ptMutator struct{ m *mutation.Mutator }
+type ptMutator struct {
+	m  *mutation.Mutator
+	kv kueueView
+}
 
-func (h *ptMutator) Handle(_ context.Context, req admission.Request) admission.Response {
+func ptAsksGPU(j *kftraining.PyTorchJob) bool {
+	for _, rs := range j.Spec.PyTorchReplicaSpecs {
+		if rs != nil && specAsksGPU(&rs.Template.Spec) {
+			return true
+		}
+	}
+	return false
+}
+
+func (h *ptMutator) Handle(ctx context.Context, req admission.Request) admission.Response {
 	j := &kftraining.PyTorchJob{}
 	if err := decode(req.Object.Raw, j); err != nil {
 		return admission.Errored(http.StatusBadRequest, err)
 	}
+	if j.Namespace == "" {
+		j.Namespace = req.Namespace
+	}
 	if req.Operation == admissionv1.Update {
+		if err := h.kv.keepsManagement(ctx, req, j, "kubeflow.org/pytorchjob", ptAsksGPU(j)); err != nil {
+			return admission.Denied(err.Error())
+		}
 		h.m.SyncPyTorchJob(j)
 		tmpls := map[string]*corev1.PodTemplateSpec{}
 		for rt, rs := range j.Spec.PyTorchReplicaSpecs {
@@ -332,6 +436,13 @@ func (h *ptMutator) Handle(_ context.Context, req admission.Request) admission.R
 	warn, err := h.m.PyTorchJob(j)
 	if err != nil {
 		return denied(err, warn)
+	}
+	if ptAsksGPU(j) {
+		if u := h.kv.unmanaged(ctx, j, "kubeflow.org/pytorchjob", &req.UserInfo); u != nil {
+			if err := h.m.CheckUnmanaged(describeKind("PyTorchJob", j.Name), *u); err != nil {
+				return denied(err, warn)
+			}
+		}
 	}
 	return specPatch(before, j.Spec, warn)
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"golang.org/x/sys/unix"
 	admissionv1 "k8s.io/api/admission/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -34,12 +35,21 @@ import (
 
 var update = flag.Bool("update", false, "rewrite golden files")
 
+// asTenant is r as tenant alice asks it.
+func asTenant(r admission.Request) admission.Request {
+	r.UserInfo = authenticationv1.UserInfo{Username: "alice", Groups: []string{"system:authenticated"}}
+	return r
+}
+
 func request(t testing.TB, op admissionv1.Operation, obj, old any) admission.Request {
 	raw, err := json.Marshal(obj)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{Operation: op, Namespace: "ns", Object: kruntime.RawExtension{Raw: raw}}}
+	// As a controller the unmanaged-GPU policy trusts to create objects
+	// for their owners (asTenant makes it a tenant's request).
+	r := admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{Operation: op, Namespace: "ns", Object: kruntime.RawExtension{Raw: raw},
+		UserInfo: authenticationv1.UserInfo{Username: "system:serviceaccount:kube-system:job-controller"}}}
 	if old != nil {
 		b, _ := json.Marshal(old)
 		r.OldObject = kruntime.RawExtension{Raw: b}
@@ -69,7 +79,8 @@ func apply(t testing.TB, req admission.Request, resp admission.Response, into an
 
 func gpuPod(mem string, env ...corev1.EnvVar) *corev1.Pod {
 	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns", Annotations: map[string]string{v1alpha1.AnnotationGPUMemory: mem}},
+		// Placed by the gang-fit check: a fractional pod needs a plan.
+		ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns", Annotations: map[string]string{v1alpha1.AnnotationGPUMemory: mem, v1alpha1.AnnotationPlan: "plan-p"}},
 		Spec: corev1.PodSpec{
 			NodeSelector: map[string]string{flavors.LabelGPUProduct: "NVIDIA-H100-80GB-HBM3"},
 			Containers: []corev1.Container{{Name: "c", Image: "i", Env: env, Resources: corev1.ResourceRequirements{
@@ -92,7 +103,7 @@ func handlers(t testing.TB, cfg mutation.Config, objs ...kruntime.Object) map[st
 func TestPodHandler(t *testing.T) {
 	ctx := context.Background()
 	yes := true
-	owner := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "train", Namespace: "ns", UID: "u1", Annotations: map[string]string{v1alpha1.AnnotationLastConsistentCheckpoint: "700"}}}
+	owner := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "train", Namespace: "ns", UID: "u1", Labels: map[string]string{mutation.LabelQueueName: "q"}, Annotations: map[string]string{v1alpha1.AnnotationLastConsistentCheckpoint: "700"}}}
 	h := handlers(t, mutation.Config{}, owner)
 	pod := gpuPod("10Gi", corev1.EnvVar{Name: v1alpha1.EnvLDPreload, Value: "/evil.so"})
 	pod.OwnerReferences = []metav1.OwnerReference{{APIVersion: "batch/v1", Kind: "Job", Name: "train", UID: "u1", Controller: &yes}}
@@ -147,6 +158,8 @@ func TestEphemeralContainersHandler(t *testing.T) {
 	h := handlers(t, mutation.Config{})
 	yes := true
 	pod := gpuPod("10Gi")
+	// As stored: the pod webhook set the pod's seccomp profile.
+	pod.Spec.SecurityContext = &corev1.PodSecurityContext{SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}}
 	dbg := pod.DeepCopy()
 	dbg.Spec.EphemeralContainers = []corev1.EphemeralContainer{{EphemeralContainerCommon: corev1.EphemeralContainerCommon{Name: "dbg", Image: "busybox",
 		SecurityContext: &corev1.SecurityContext{Privileged: &yes}}}}
@@ -160,6 +173,12 @@ func TestEphemeralContainersHandler(t *testing.T) {
 	req.SubResource = "ephemeralcontainers"
 	if resp := h[PathValidatePod].Handle(ctx, req); !resp.Allowed {
 		t.Errorf("plain debug container denied: %+v", resp.Result)
+	}
+	dbg.Spec.EphemeralContainers[0].SecurityContext = &corev1.SecurityContext{SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeUnconfined}}
+	req = request(t, admissionv1.Update, dbg, pod)
+	req.SubResource = "ephemeralcontainers"
+	if resp := h[PathValidatePod].Handle(ctx, req); resp.Allowed || !strings.Contains(resp.Result.Message, `ephemeral container "dbg" sets securityContext.seccompProfile Unconfined`) {
+		t.Errorf("unconfined debug container: %+v", resp.Result)
 	}
 }
 

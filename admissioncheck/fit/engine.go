@@ -38,7 +38,22 @@ type req struct {
 	tol    []corev1.Toleration
 	label  string
 	bitIdx uint
+	// Resources other than GPUs per pod: as asked, and against the
+	// model's index (bindRes); resMiss: asks for one no node lists.
+	requests map[corev1.ResourceName]int64
+	res      []int64
+	resMiss  bool
+	// apart: the requests (bit bitIdx) whose pods may not share a node
+	// with this one's (required pod anti-affinity on kubernetes.io/hostname;
+	// its own bit when its pods repel each other); avoid: nodes it may not
+	// use because of pods already there.
+	apart    uint64
+	apartSet []string // the pod set names, closed under symmetry, sorted
+	avoid    map[string]bool
 }
+
+// self reports whether r's own pods may not share a node.
+func (r *req) self() bool { return r.apart&(1<<r.bitIdx) != 0 }
 
 func (r *req) need(alloc int64) int64 {
 	if r.mem > 0 {
@@ -63,6 +78,9 @@ func (r *req) slots(g *gpuState) int64 {
 		return 0
 	}
 	s := g.free() / r.need(g.alloc)
+	if g.share > 0 {
+		s = min(s, int64(max(0, g.share-g.holders)))
+	}
 	if r.cores > 0 {
 		s = min(s, int64(g.freeCores()/r.cores))
 	}
@@ -121,6 +139,11 @@ func validate(g Gang) error {
 		case ps.Cores < 0 || ps.Cores > 100:
 			return fmt.Errorf("pod set %q: cores %d%% not in 0–100", ps.Name, ps.Cores)
 		}
+		for _, a := range ps.Apart {
+			if !slices.ContainsFunc(g.PodSets, func(o PodSet) bool { return o.Name == a }) {
+				return fmt.Errorf("pod set %q: kept apart from pod set %q, which the gang does not have", ps.Name, a)
+			}
+		}
 		// A pod set of no pods needs no node, whatever its affinity.
 		if ps.Count > 0 {
 			if err := affinityErr(ps.NodeAffinity); err != nil {
@@ -132,21 +155,62 @@ func validate(g Gang) error {
 	return nil
 }
 
+// apartSets closes the gang's Apart relation under symmetry: pod set name →
+// the sorted names it may not share a node with.
+func apartSets(g Gang) map[string][]string {
+	rel := map[string]map[string]bool{}
+	add := func(a, b string) {
+		if rel[a] == nil {
+			rel[a] = map[string]bool{}
+		}
+		rel[a][b] = true
+	}
+	for _, ps := range g.PodSets {
+		for _, a := range ps.Apart {
+			add(ps.Name, a)
+			add(a, ps.Name)
+		}
+	}
+	out := make(map[string][]string, len(rel))
+	for n, set := range rel {
+		names := make([]string, 0, len(set))
+		for o := range set {
+			names = append(names, o)
+		}
+		slices.Sort(names)
+		out[n] = names
+	}
+	return out
+}
+
+func sortedSet(xs []string) []string {
+	if len(xs) == 0 {
+		return nil
+	}
+	out := slices.Clone(xs)
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
 func compile(g Gang) []*req {
 	var reqs []*req
+	apart := apartSets(g)
 	for i, ps := range g.PodSets {
 		if ps.Count == 0 {
 			continue
 		}
 		r := &req{count: ps.Count, g: ps.GPUsPerPod, mem: ps.MemoryMiB, pct: ps.MemoryPercent,
-			cores: ps.Cores, excl: ps.Exclusive(), sel: ps.NodeSelector, tol: ps.Tolerations}
+			cores: ps.Cores, excl: ps.Exclusive(), sel: ps.NodeSelector, tol: ps.Tolerations, requests: ps.Requests,
+			apartSet: apart[ps.Name]}
+		avoid := sortedSet(ps.AvoidNodes)
 		if r.excl {
 			r.cores = 100
 		}
 		merged := false
 		for _, o := range reqs {
 			if o.g == r.g && o.mem == r.mem && o.pct == r.pct && o.cores == r.cores && o.excl == r.excl &&
-				equalSel(o.sel, r.sel) && reflect.DeepEqual(o.aff.source(), ps.NodeAffinity) && reflect.DeepEqual(o.tol, r.tol) {
+				equalSel(o.sel, r.sel) && reflect.DeepEqual(o.aff.source(), ps.NodeAffinity) && reflect.DeepEqual(o.tol, r.tol) &&
+				equalRequests(o.requests, r.requests) && slices.Equal(o.apartSet, r.apartSet) && equalAvoid(o.avoid, avoid) {
 				o.segs = append(o.segs, seg{ps.Name, i, ps.Count})
 				o.count += ps.Count
 				merged = true
@@ -165,6 +229,12 @@ func compile(g Gang) []*req {
 			}
 			if r.aff == nil {
 				r.aff = newAffinity(ps.NodeAffinity)
+			}
+			if len(avoid) > 0 {
+				r.avoid = make(map[string]bool, len(avoid))
+				for _, n := range avoid {
+					r.avoid[n] = true
+				}
 			}
 			r.segs = []seg{{ps.Name, i, ps.Count}}
 			reqs = append(reqs, r)
@@ -191,7 +261,48 @@ func compile(g Gang) []*req {
 	for i, r := range reqs {
 		r.bitIdx = uint(i)
 	}
+	// Pod sets merge only with the same apart set, so a name maps to one
+	// request; a request kept apart from a pod set that has no pods (not
+	// compiled) has nothing to keep apart from.
+	byName := map[string]*req{}
+	for _, r := range reqs {
+		for _, sg := range r.segs {
+			byName[sg.name] = r
+		}
+	}
+	for _, r := range reqs {
+		for _, n := range r.apartSet {
+			if o, ok := byName[n]; ok {
+				r.apart |= 1 << o.bitIdx
+			}
+		}
+	}
 	return reqs
+}
+
+// equalAvoid: a request's avoided nodes (a set) equal the sorted names.
+func equalAvoid(a map[string]bool, names []string) bool {
+	if len(a) != len(names) {
+		return false
+	}
+	for _, n := range names {
+		if !a[n] {
+			return false
+		}
+	}
+	return true
+}
+
+func equalRequests(a, b map[corev1.ResourceName]int64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
 }
 
 func equalSel(a, b map[string]string) bool {
@@ -284,6 +395,7 @@ func (m *Model) Fit(g Gang, o Options) Result {
 	if len(reqs) > 64 {
 		return Result{Level: o.Level, Reasons: []string{fmt.Sprintf("invalid request: %d distinct pod sets, at most 64 supported", len(reqs))}}
 	}
+	m.bindRes(reqs)
 	li := m.level(o.Level)
 	var res Result
 	res.Level = o.Level
@@ -438,16 +550,22 @@ type scratch struct {
 	steps    int64
 	maxSteps int64
 
-	exhausted bool
-	loosest   bool // second dive: GPU classes loosest first
-	placed    int
-	maxPlaced int
-	stack     []placed
+	exhausted   bool
+	loosest     bool // second dive: GPU classes loosest first
+	ignoreRes   bool // capacity by GPUs alone (for messages)
+	ignoreApart bool // capacity without the one-pod-per-node rule (for messages)
+	placed      int
+	maxPlaced   int
+	stack       []placed
 	// per-domain exclusion counts for messages
 	unusable int
 	selMiss  []int
 	affMiss  []int
 	tainted  []int
+	avoided  []int
+	// here counts the pods placed per node (s.nodes index) and request,
+	// row-major; only kept when some request is kept apart from another.
+	here []int32
 }
 
 type snode struct {
@@ -471,6 +589,8 @@ func (s *scratch) undoAll() {
 		for _, gi := range p.gpus {
 			s.reqs[p.req].apply(s.gpu(gi), -1)
 		}
+		s.takeRes(s.reqs[p.req], s.nodes[p.node].ni, -1)
+		s.count(p.req, p.node, -1)
 	}
 	s.stack = s.stack[:0]
 	s.placed = 0
@@ -518,8 +638,8 @@ func (m *Model) order(narrow []string) *staticOrder {
 
 func (m *Model) newScratch(d *domainAgg, reqs []*req, o Options) *scratch {
 	k := len(reqs)
-	miss := make([]int, 3*k) // one allocation for the three counts
-	s := &scratch{m: m, reqs: reqs, name: d.name, selMiss: miss[:k:k], affMiss: miss[k : 2*k : 2*k], tainted: miss[2*k:]}
+	miss := make([]int, 4*k) // one allocation for the four counts
+	s := &scratch{m: m, reqs: reqs, name: d.name, selMiss: miss[:k:k], affMiss: miss[k : 2*k : 2*k], tainted: miss[2*k : 3*k : 3*k], avoided: miss[3*k:]}
 	so := m.order(o.narrower())
 	worst := o.Policy == v1alpha1.PolicyWorstFit
 	if len(m.eligBuf) != len(m.nodes) {
@@ -547,6 +667,8 @@ func (m *Model) newScratch(d *domainAgg, reqs []*req, o Options) *scratch {
 				s.affMiss[i]++
 			case !tolerated(n.n.Taints, r.tol):
 				s.tainted[i]++
+			case r.avoid[n.n.Name]:
+				s.avoided[i]++
 			default:
 				elig |= 1 << uint(i)
 			}
@@ -620,13 +742,58 @@ func (m *Model) newScratch(d *domainAgg, reqs []*req, o Options) *scratch {
 		n := &m.nodes[ni]
 		s.nodes[i] = snode{ni: ni, lo: n.lo, hi: n.hi, elig: m.eligBuf[ni]}
 	}
+	for _, r := range reqs {
+		if r.apart != 0 {
+			s.here = make([]int32, len(s.nodes)*k)
+			break
+		}
+	}
 	return s
+}
+
+// blocked: a pod kept apart from r already runs on node i (s.nodes index)
+// in this dry run.
+func (s *scratch) blocked(r *req, i int) bool {
+	if r.apart == 0 {
+		return false
+	}
+	row := s.here[i*len(s.reqs) : (i+1)*len(s.reqs)]
+	for j := range row {
+		if row[j] > 0 && r.apart&(1<<uint(j)) != 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// perNode caps how many more pods of r node i can take besides GPUs and
+// resources: none where a pod kept apart from it runs, one where its own
+// pods repel each other.
+func (s *scratch) perNode(r *req, i int, limit int64) int64 {
+	switch {
+	case s.ignoreApart:
+	case s.blocked(r, i):
+		return 0
+	case r.self():
+		return min(limit, 1)
+	}
+	return limit
+}
+
+// count records a placement (+1) or its undo (-1) of request j on node i.
+func (s *scratch) count(j, i, sign int) {
+	if s.here != nil {
+		s.here[i*len(s.reqs)+j] += int32(sign)
+	}
 }
 
 // mayHost is a cheap necessary test from the node's counters: can the node
 // take even one pod of r?
 func (s *scratch) mayHost(r *req, n *snode) bool {
 	nd := &s.m.nodes[n.ni]
+	if nd.hasRes && s.nodeCap(r, n.ni) < 1 {
+		return false
+	}
 	if r.excl {
 		return int(nd.whole) >= r.g
 	}
@@ -674,11 +841,11 @@ func (s *scratch) capacity(j int, limit int64) int64 {
 	var total int64
 	for i := range s.nodes {
 		n := &s.nodes[i]
-		if n.elig&(1<<r.bitIdx) == 0 || !s.mayHost(r, n) {
+		if n.elig&(1<<r.bitIdx) == 0 || !s.mayHost(r, n) || s.blocked(r, i) {
 			continue
 		}
 		s.steps++ // scans count against search.maxSteps like placements
-		total += podCap(s.nodeSlots(r, n, buf[:0]), r.g, limit-total)
+		total += podCap(s.nodeSlots(r, n, buf[:0]), r.g, s.perNode(r, i, min(limit-total, s.nodeCap(r, n.ni))))
 		if total >= limit {
 			break
 		}
@@ -802,14 +969,14 @@ func (s *scratch) place(j, k, lb int) bool {
 	var seen map[string]bool
 	for ni := lb; ni < len(s.nodes); ni++ {
 		n := &s.nodes[ni]
-		if n.elig&(1<<r.bitIdx) == 0 || !s.mayHost(r, n) {
+		if n.elig&(1<<r.bitIdx) == 0 || !s.mayHost(r, n) || s.blocked(r, ni) {
 			continue
 		}
 		classes := s.classes(r, n)
 		if classes == nil {
 			continue
 		}
-		sig := s.signature(n)
+		sig := s.signature(n, ni)
 		if seen == nil {
 			seen = map[string]bool{}
 		}
@@ -845,6 +1012,8 @@ func (s *scratch) choose(j, k, ni int, classes [][]int32, counts []int, c, left 
 				p.gpus = append(p.gpus, gi)
 			}
 		}
+		s.takeRes(r, s.nodes[ni].ni, +1)
+		s.count(j, ni, +1)
 		s.stack = append(s.stack, p)
 		s.placed++
 		s.maxPlaced = max(s.maxPlaced, s.placed)
@@ -856,6 +1025,8 @@ func (s *scratch) choose(j, k, ni int, classes [][]int32, counts []int, c, left 
 		for _, gi := range p.gpus {
 			r.apply(s.gpu(gi), -1)
 		}
+		s.takeRes(r, s.nodes[ni].ni, -1)
+		s.count(j, ni, -1)
 		return false
 	}
 	if c == len(classes) {
@@ -920,13 +1091,21 @@ func (s *scratch) classes(r *req, n *snode) [][]int32 {
 // sameState: two GPUs no future placement can tell apart.
 func sameState(a, b *gpuState) bool {
 	return a.phys == b.phys && a.alloc == b.alloc && a.free() == b.free() && a.freeCores() == b.freeCores() &&
-		a.whole() == b.whole() && (a.excl > 0) == (b.excl > 0) && a.healthy == b.healthy
+		a.whole() == b.whole() && (a.excl > 0) == (b.excl > 0) && a.healthy == b.healthy && shareLeft(a) == shareLeft(b)
+}
+
+// shareLeft is how many more holders a GPU may take (-1: no limit).
+func shareLeft(g *gpuState) int32 {
+	if g.share == 0 {
+		return -1
+	}
+	return max(0, g.share-g.holders)
 }
 
 // signature identifies a node's state for symmetry breaking: eligibility and
 // the sorted multiset of its GPU states.
-func (s *scratch) signature(n *snode) string {
-	type t struct{ phys, alloc, free, cores, flags int64 }
+func (s *scratch) signature(n *snode, ni int) string {
+	type t struct{ phys, alloc, free, cores, flags, share int64 }
 	ts := make([]t, 0, n.hi-n.lo)
 	for i := n.lo; i < n.hi; i++ {
 		g := s.gpu(i)
@@ -940,12 +1119,27 @@ func (s *scratch) signature(n *snode) string {
 		if g.healthy {
 			f |= 4
 		}
-		ts = append(ts, t{g.phys, g.alloc, g.free(), int64(g.freeCores()), f})
+		ts = append(ts, t{g.phys, g.alloc, g.free(), int64(g.freeCores()), f, int64(shareLeft(g))})
 	}
 	slices.SortFunc(ts, func(a, b t) int {
-		return cmp.Or(cmp.Compare(a.phys, b.phys), cmp.Compare(a.alloc, b.alloc), cmp.Compare(a.free, b.free), cmp.Compare(a.cores, b.cores), cmp.Compare(a.flags, b.flags))
+		return cmp.Or(cmp.Compare(a.phys, b.phys), cmp.Compare(a.alloc, b.alloc), cmp.Compare(a.free, b.free), cmp.Compare(a.cores, b.cores), cmp.Compare(a.flags, b.flags), cmp.Compare(a.share, b.share))
 	})
 	b := strconv.AppendUint(nil, n.elig, 36)
+	// Nodes with pods of different requests on them are not interchangeable
+	// when requests are kept apart.
+	if s.here != nil {
+		for _, c := range s.here[ni*len(s.reqs) : (ni+1)*len(s.reqs)] {
+			b = append(b, ':')
+			b = strconv.AppendInt(b, int64(c), 36)
+		}
+	}
+	// Nodes with other free resources other than GPUs are not interchangeable.
+	if alloc, used := s.m.resOf(n.ni); alloc != nil {
+		for i := range alloc {
+			b = append(b, ';')
+			b = strconv.AppendInt(b, alloc[i]-used[i], 36)
+		}
+	}
 	for _, x := range ts {
 		b = append(b, '|')
 		b = strconv.AppendInt(b, x.phys, 36)
@@ -1067,11 +1261,11 @@ func (s *scratch) greedy(j int) {
 			return
 		}
 		n := &s.nodes[ni]
-		if n.elig&(1<<r.bitIdx) == 0 || !s.mayHost(r, n) {
+		if n.elig&(1<<r.bitIdx) == 0 || !s.mayHost(r, n) || s.blocked(r, ni) {
 			continue
 		}
 		slots := s.nodeSlots(r, n, buf[:0])
-		p := podCap(slots, r.g, left)
+		p := podCap(slots, r.g, s.perNode(r, ni, min(left, s.nodeCap(r, n.ni))))
 		for ; p > 0; p-- {
 			idx := make([]int, len(slots))
 			for i := range idx {
@@ -1088,6 +1282,8 @@ func (s *scratch) greedy(j int) {
 				slots[i]--
 				pl.gpus = append(pl.gpus, gi)
 			}
+			s.takeRes(r, n.ni, +1)
+			s.count(j, ni, +1)
 			s.stack = append(s.stack, pl)
 			s.steps++
 			s.placed++

@@ -3,6 +3,7 @@ package fit
 import (
 	"fmt"
 	"math/bits"
+	"strings"
 )
 
 // gpuState is the mutable part of one GPU.
@@ -14,6 +15,7 @@ type gpuState struct {
 	cores   int32 // SM percent held
 	holders int32 // any usage: the GPU is no longer whole
 	excl    int32 // exclusive holders: nothing else may share it
+	share   int32 // most holders at once (0: no limit)
 	healthy bool
 }
 
@@ -38,6 +40,7 @@ type nodeInfo struct {
 	n       *Node // immutable, shared between clones (GPUs not used)
 	lo, hi  int32 // range of its GPUs in Model.gpus
 	usable  bool  // Ready and schedulable
+	hasRes  bool  // limits pods by its resources other than GPUs
 	whole   int32 // healthy GPUs with no usage
 	freeMiB int64 // free MiB of its healthy GPUs
 }
@@ -101,6 +104,12 @@ type Model struct {
 	maxGPUs  int
 	warnings []string
 	orders   map[string]*staticOrder // immutable values, shared between clones
+	// Resources other than GPUs: the index and allocatable are immutable
+	// and shared; resUsed (nodes × names) is copied by Clone.
+	ri       *resIndex
+	byNode   map[string]int32
+	resAlloc []int64
+	resUsed  []int64
 	// Buffers reused by newScratch: one dry run at a time per model.
 	eligBuf  []uint64
 	keyBuf   []uint64
@@ -130,11 +139,21 @@ func newModel(nodes []Node, withUsage bool) *Model {
 		byUUID = make(map[string]int32, total)
 	}
 	m := &Model{byUUID: byUUID, levels: map[string]*levelIndex{}, orders: map[string]*staticOrder{},
-		nodes: make([]nodeInfo, 0, len(nodes)), gpus: make([]gpuState, 0, total), info: make([]GPU, 0, total)}
+		nodes: make([]nodeInfo, 0, len(nodes)), gpus: make([]gpuState, 0, total), info: make([]GPU, 0, total),
+		ri: newResIndex(nodes), byNode: make(map[string]int32, len(nodes))}
+	if k := len(m.ri.names); k > 0 {
+		m.resAlloc, m.resUsed = make([]int64, k*len(nodes)), make([]int64, k*len(nodes))
+	}
 	nodes = append([]Node(nil), nodes...) // the model keeps pointers into it
 	for i := range nodes {
 		n := &nodes[i]
-		ni := nodeInfo{n: n, lo: int32(len(m.gpus)), usable: n.Ready && !n.Unschedulable}
+		ni := nodeInfo{n: n, lo: int32(len(m.gpus)), usable: n.Ready && !n.Unschedulable, hasRes: n.Resources != nil && len(m.ri.names) > 0}
+		if _, dup := m.byNode[n.Name]; !dup {
+			m.byNode[n.Name] = int32(i)
+		}
+		for name, v := range n.Resources {
+			m.resAlloc[i*len(m.ri.names)+m.ri.idx[name]] = v
+		}
 		for _, g := range n.GPUs {
 			if withUsage {
 				if _, dup := m.byUUID[g.UUID]; dup {
@@ -143,7 +162,7 @@ func newModel(nodes []Node, withUsage bool) *Model {
 				}
 				m.byUUID[g.UUID] = int32(len(m.gpus))
 			}
-			m.gpus = append(m.gpus, gpuState{node: int32(i), phys: g.PhysicalMiB, alloc: g.AllocatableMiB, healthy: g.Healthy})
+			m.gpus = append(m.gpus, gpuState{node: int32(i), phys: g.PhysicalMiB, alloc: g.AllocatableMiB, share: max(0, g.MaxShare), healthy: g.Healthy})
 			m.info = append(m.info, g)
 			if g.Healthy {
 				ni.whole++
@@ -198,6 +217,16 @@ func (m *Model) Release(u Usage) {
 		g.excl = max(0, g.excl-1)
 	}
 	m.account(gi, +1)
+}
+
+// GPUShareLeft reports how many more holders a GPU may take under its
+// sharing-slot count (MaxShare); limited is false when it has none.
+func (m *Model) GPUShareLeft(uuid string) (left int, limited bool) {
+	gi, ok := m.byUUID[uuid]
+	if !ok || m.gpus[gi].share == 0 {
+		return 0, false
+	}
+	return int(shareLeft(&m.gpus[gi])), true
 }
 
 // GPUState reports a GPU's free MiB, free SM percent and number of holders.
@@ -311,6 +340,10 @@ func (m *Model) Clone() *Model {
 		maxGPUs:  m.maxGPUs,
 		warnings: m.warnings,
 		orders:   make(map[string]*staticOrder, len(m.orders)),
+		ri:       m.ri,
+		byNode:   m.byNode,
+		resAlloc: m.resAlloc,
+		resUsed:  append([]int64(nil), m.resUsed...),
 	}
 	for k, v := range m.orders {
 		c.orders[k] = v
@@ -325,4 +358,43 @@ func (m *Model) Clone() *Model {
 		c.levels[k] = nl
 	}
 	return c
+}
+
+// SetNodeLabels gives a node new labels without rebuilding the model: the
+// level indexes and node orders that read a changed label are dropped and
+// rebuilt on next use (O(nodes) each, against parsing every node's
+// inventory again). Labels that decide a node's GPUs (its product and
+// count) are the caller's to exclude: they need a rebuild. It reports
+// whether the node is in the model.
+func (m *Model) SetNodeLabels(name string, labels map[string]string) bool {
+	ni, ok := m.byNode[name]
+	if !ok {
+		return false
+	}
+	old := m.nodes[ni].n
+	cp := *old // clones keep the old node
+	cp.Labels = labels
+	m.nodes[ni].n = &cp
+	changed := func(key string) bool {
+		a, okA := old.Labels[key]
+		b, okB := labels[key]
+		return okA != okB || a != b
+	}
+	for key := range m.levels {
+		if key != "" && changed(key) {
+			delete(m.levels, key)
+		}
+	}
+	for key := range m.orders {
+		if key == "" {
+			continue
+		}
+		for _, l := range strings.Split(key, "\x00") {
+			if changed(l) {
+				delete(m.orders, key)
+				break
+			}
+		}
+	}
+	return true
 }

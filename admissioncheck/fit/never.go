@@ -2,6 +2,7 @@ package fit
 
 import (
 	"math"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -20,6 +21,12 @@ func Never(nodes []Node, g Gang, o Options) (bool, string) {
 	if err := validate(g); err != nil {
 		return true, "invalid request: " + err.Error()
 	}
+	// Pods already running are not part of an empty cluster: the nodes they
+	// keep a pod set off (pod anti-affinity) are no proof either.
+	g.PodSets = slices.Clone(g.PodSets)
+	for i := range g.PodSets {
+		g.PodSets[i].AvoidNodes = nil
+	}
 	empty := make([]Node, len(nodes))
 	for i, n := range nodes {
 		n.Ready, n.Unschedulable = true, false
@@ -34,6 +41,10 @@ func Never(nodes []Node, g Gang, o Options) (bool, string) {
 			}
 		}
 		n.Taints = taints
+		// Other resources (cpu, memory, …) are not a proof: allocatable
+		// changes with kubelet settings and what runs there; a gang they
+		// keep out waits (Retry), it is never Rejected for them.
+		n.Resources = nil
 		empty[i] = n
 	}
 	// Every domain may be searched, but the first one whose search runs

@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -33,6 +34,27 @@ type oNode struct {
 	taints []corev1.Taint
 	usable bool
 	gpus   []*oGPU
+	// podSets: the pod set of every pod the oracle put here so far.
+	podSets []PodSet
+}
+
+// oApart: a pod of a and one of b may not share a node (either names the
+// other in Apart).
+func oApart(a, b PodSet) bool {
+	return slices.Contains(a.Apart, b.Name) || slices.Contains(b.Apart, a.Name)
+}
+
+// oAntiOK: a pod of ps may go on n as far as pod anti-affinity goes.
+func oAntiOK(ps PodSet, n *oNode) bool {
+	if slices.Contains(ps.AvoidNodes, n.name) {
+		return false
+	}
+	for _, o := range n.podSets {
+		if oApart(ps, o) {
+			return false
+		}
+	}
+	return true
 }
 
 func oTolerates(taints []corev1.Taint, tol []corev1.Toleration) bool {
@@ -151,7 +173,7 @@ func oSolve(nodes []*oNode, pods []oPod) bool {
 				match = false
 			}
 		}
-		if !match || !oAffinity(ps.NodeAffinity, n.name, n.labels) || !oTolerates(n.taints, ps.Tolerations) {
+		if !match || !oAffinity(ps.NodeAffinity, n.name, n.labels) || !oTolerates(n.taints, ps.Tolerations) || !oAntiOK(ps, n) {
 			continue
 		}
 		// every subset of size g
@@ -173,7 +195,9 @@ func oSolve(nodes []*oNode, pods []oPod) bool {
 						undo = append(undo, func() { g.used -= need; g.cores -= ps.Cores; g.holders-- })
 					}
 				}
+				n.podSets = append(n.podSets, ps)
 				ok := oSolve(nodes, pods[1:])
+				n.podSets = n.podSets[:len(n.podSets)-1]
 				for _, u := range undo {
 					u()
 				}
@@ -269,6 +293,7 @@ func checkPlan(nodes []Node, usage []Usage, g Gang, level string, res Result) er
 	}
 	psBy := map[string]PodSet{}
 	seen := map[string]bool{}
+	onNode := map[string][]PodSet{}
 	for _, ps := range g.PodSets {
 		psBy[ps.Name] = ps
 	}
@@ -305,6 +330,15 @@ func checkPlan(nodes []Node, usage []Usage, g Gang, level string, res Result) er
 		if !oTolerates(n.Taints, ps.Tolerations) {
 			return fmt.Errorf("pod %s on tainted node %s", key, a.Node)
 		}
+		if slices.Contains(ps.AvoidNodes, a.Node) {
+			return fmt.Errorf("pod %s on node %s, which its pod set avoids", key, a.Node)
+		}
+		for _, o := range onNode[a.Node] {
+			if oApart(ps, o) {
+				return fmt.Errorf("pod %s on node %s beside a pod of %s, which it is kept apart from", key, a.Node, o.Name)
+			}
+		}
+		onNode[a.Node] = append(onNode[a.Node], ps)
 		if len(a.GPUs) != ps.GPUsPerPod {
 			return fmt.Errorf("pod %s got %d GPUs, want %d", key, len(a.GPUs), ps.GPUsPerPod)
 		}
@@ -566,4 +600,93 @@ func TestFitAgreesWithOracleOnTightMixedGangs(t *testing.T) {
 		t.Errorf("%d of %d cases fit: generator is lopsided", fits, cases)
 	}
 	t.Logf("%d of %d tight mixed cases fit", fits, cases)
+}
+
+// withAntiAffinity decorates a random gang with pod anti-affinity: pod sets
+// kept apart from themselves and from each other, and nodes avoided.
+func withAntiAffinity(rng *rand.Rand, nodes []Node, g Gang) Gang {
+	for i := range g.PodSets {
+		ps := &g.PodSets[i]
+		ps.Apart, ps.AvoidNodes = nil, nil
+		for _, o := range g.PodSets {
+			if rng.IntN(4) == 0 {
+				ps.Apart = append(ps.Apart, o.Name)
+			}
+		}
+		if rng.IntN(3) == 0 {
+			ps.Apart = append(ps.Apart, ps.Name) // one pod per node, the common case
+		}
+		for _, n := range nodes {
+			if rng.IntN(6) == 0 {
+				ps.AvoidNodes = append(ps.AvoidNodes, n.Name)
+			}
+		}
+		// A twin is often kept apart alike, so that it merges.
+		if strings.HasSuffix(ps.Name, "-twin") && rng.IntN(2) == 0 {
+			orig := g.PodSets[i-1]
+			ps.Apart, ps.AvoidNodes = nil, slices.Clone(orig.AvoidNodes)
+			for _, a := range orig.Apart {
+				ps.Apart = append(ps.Apart, a)
+				if a == orig.Name {
+					ps.Apart = append(ps.Apart, ps.Name)
+				}
+			}
+			if slices.Contains(orig.Apart, orig.Name) {
+				ps.Apart = append(ps.Apart, orig.Name)
+				g.PodSets[i-1].Apart = append(g.PodSets[i-1].Apart, ps.Name)
+			}
+		}
+	}
+	return g
+}
+
+// TestFitAgreesWithOracleUnderAntiAffinity: the random cases of
+// TestFitAgreesWithOracle and of the tight mixed gangs, with pod
+// anti-affinity on top (pod sets kept apart from themselves and each
+// other, nodes avoided), against the oracle.
+func TestFitAgreesWithOracleUnderAntiAffinity(t *testing.T) {
+	const cases = 4000
+	fits, policies := 0, []string{v1alpha1.PolicyBestFit, v1alpha1.PolicyWorstFit}
+	for seed := uint64(0); seed < cases; seed++ {
+		rng := rand.New(rand.NewPCG(seed, 1717))
+		var (
+			nodes []Node
+			usage []Usage
+			gang  Gang
+			level string
+		)
+		if seed%4 == 3 {
+			nodes, usage, gang, level = randomTightCase(rng)
+		} else {
+			nodes, usage, gang, level = randomCase(rng)
+		}
+		gang = withAntiAffinity(rng, nodes, gang)
+		m := NewModel(nodes)
+		for _, u := range usage {
+			if err := m.Use(u); err != nil {
+				t.Fatal(err)
+			}
+		}
+		before := m.Clone()
+		res := m.Fit(gang, Options{Level: level, Policy: policies[seed%2], Levels: []string{"rack", "pool"}})
+		if d := cmp.Diff(before.gpus, m.gpus, cmp.AllowUnexported(gpuState{})); d != "" {
+			t.Fatalf("seed %d: Fit changed GPU usage:\n%s", seed, d)
+		}
+		want := oracleFits(nodes, usage, gang, level)
+		if res.Exhausted || res.Fits != want {
+			t.Fatalf("seed %d: Fit = %v (exhausted %v), oracle = %v\nnodes=%+v\nusage=%+v\ngang=%+v\nlevel=%q\nreasons=%v", seed, res.Fits, res.Exhausted, want, nodes, usage, gang, level, res.Reasons)
+		}
+		if res.Fits {
+			fits++
+			if err := checkPlan(nodes, usage, gang, level, res); err != nil {
+				t.Fatalf("seed %d: invalid plan: %v\n%+v", seed, err, res.Assignments)
+			}
+		} else if len(res.Reasons) == 0 {
+			t.Fatalf("seed %d: no reasons for not fitting", seed)
+		}
+	}
+	if fits < cases/5 || fits > cases*4/5 {
+		t.Errorf("%d of %d cases fit: generator is lopsided", fits, cases)
+	}
+	t.Logf("%d of %d random cases with pod anti-affinity fit", fits, cases)
 }

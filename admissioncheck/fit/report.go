@@ -2,6 +2,7 @@ package fit
 
 import (
 	"fmt"
+	corev1 "k8s.io/api/core/v1"
 	"strings"
 )
 
@@ -12,6 +13,9 @@ const maxReasonDomains = 5
 // constraint names, in plain words, why reqs[j] alone does not fit in this
 // domain: the first of the limits below that it runs into.
 func (s *scratch) constraint(j int) string {
+	if why := s.resConstraint(j); why != "" {
+		return why
+	}
 	r := s.reqs[j]
 	var eligNodes, hostNodes int
 	var whole, memOK, coresOK, hostable, slots, maxSlots int64
@@ -69,6 +73,9 @@ func (s *scratch) constraint(j int) string {
 		if s.tainted[j] > 0 {
 			why = append(why, plural(s.tainted[j], "node has", "nodes have")+" taints it does not tolerate")
 		}
+		if s.avoided[j] > 0 {
+			why = append(why, plural(s.avoided[j], "node runs", "nodes run")+" pods that its required pod anti-affinity keeps it away from (or whose anti-affinity keeps it away)")
+		}
 		if len(why) == 0 {
 			why = append(why, "the domain has no GPU nodes")
 		}
@@ -79,6 +86,19 @@ func (s *scratch) constraint(j int) string {
 	// is how many GPUs (or shares of them) there are.
 	units := slots // whole GPUs for an exclusive pod set (slots are 0/1)
 	podsFit := s.capacity(j, int64(r.count))
+	if r.self() && podsFit < int64(r.count) {
+		s.ignoreApart = true
+		free := s.capacity(j, int64(r.count))
+		s.ignoreApart = false
+		if free > podsFit {
+			avoided := ""
+			if s.avoided[j] > 0 {
+				avoided = fmt.Sprintf("; %s pods it must keep away from", plural(s.avoided[j], "more node runs", "more nodes run"))
+			}
+			return fmt.Sprintf("%s: at most 1 pod per node (required pod anti-affinity, topologyKey %s), and only %s room for one (%d pods wanted%s)",
+				who, corev1.LabelHostname, plural64(podsFit, "node has", "nodes have"), r.count, avoided)
+		}
+	}
 	if podsFit < units/int64(r.g) {
 		if r.excl {
 			return fmt.Sprintf("only %s %d whole GPUs free (each pod needs %d GPUs on one node; %d whole GPUs are free in all)", plural(hostNodes, "node has", "nodes have"), r.g, r.g, whole)

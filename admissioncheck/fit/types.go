@@ -23,6 +23,9 @@ type GPU struct {
 	// AllocatableMiB is what may be handed to pods (flavors.Buffer.Allocatable).
 	AllocatableMiB int64
 	Healthy        bool
+	// MaxShare is how many pods may hold the GPU at once (HAMi's split
+	// count, sharing slots); 0: no limit beyond memory and cores.
+	MaxShare int32
 }
 
 // Node is one node as the engine sees it.
@@ -33,6 +36,12 @@ type Node struct {
 	Ready         bool
 	Unschedulable bool
 	GPUs          []GPU
+	// Resources is the node's allocatable of everything but GPUs — cpu,
+	// memory, pods, ephemeral-storage, extended resources such as rdma/* —
+	// in milli-units (Quantity.MilliValue). nil: not known, and then not
+	// planned against; a resource a pod asks for and the node does not
+	// list is 0 there.
+	Resources map[corev1.ResourceName]int64
 }
 
 // Usage is one holder's use of one GPU: a running or pinned pod, or a slot of
@@ -64,6 +73,23 @@ type PodSet struct {
 	// scheduler reads it; nil when there is none.
 	NodeAffinity *corev1.NodeSelector
 	Tolerations  []corev1.Toleration
+	// Requests per pod of everything but GPUs (cpu, memory,
+	// ephemeral-storage, extended resources), milli-units; each pod also
+	// takes one of the node's pods.
+	Requests map[corev1.ResourceName]int64
+	// Apart names the pod sets of the gang (this one included, when its own
+	// pods repel each other) whose pods may not run on a node where a pod
+	// of this pod set runs: required pod anti-affinity with topologyKey
+	// kubernetes.io/hostname, in either direction (the scheduler checks the
+	// incoming pod's terms and the running pods' terms alike). The relation
+	// is read as symmetric. Package inventory derives it from the
+	// templates.
+	Apart []string
+	// AvoidNodes are nodes the pod set's pods may not be placed on because
+	// of pods already there: a running pod its anti-affinity excludes, or
+	// one whose anti-affinity excludes it. They depend on the cluster's
+	// state, so Never ignores them.
+	AvoidNodes []string
 }
 
 // Exclusive reports whether the pod set wants whole GPUs.

@@ -131,6 +131,7 @@ type decision struct {
 	wl        *workload
 	model     *fit.Model
 	gang      fit.Gang
+	aff       []inventory.PodAffinity
 	opts      fit.Options
 	nodes     []fit.Node
 	v         gpucache.Verdict
@@ -178,7 +179,7 @@ func decide(nodesPath, podsPath, plansPath, wlPath, paramsPath string) (*decisio
 		d.opts.Level = l
 		d.levelFrom = v1alpha1.AnnotationGangTopology + " on " + wl.kind + " " + wl.name
 	}
-	d.gang, err = inventory.GangFromPodSets(wl.podSets)
+	d.gang, d.aff, err = inventory.GangFromPodSets(wl.namespace, wl.podSets)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %v", wlPath, err)
 	}
@@ -232,7 +233,7 @@ func decide(nodesPath, podsPath, plansPath, wlPath, paramsPath string) (*decisio
 			}
 		}
 		d.terminate = s.Terminating
-		d.v = s.Decide(d.gang, d.opts)
+		d.v = s.Decide(d.gang, d.aff, d.opts)
 		d.res = d.v.Result
 		d.model = s.Model.Clone()
 		d.free = s.Fragmentation(d.level)

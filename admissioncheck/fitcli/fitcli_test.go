@@ -3,6 +3,7 @@ package fitcli
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -442,5 +443,55 @@ func TestExplainPrintsFreeCapacityPerDomain(t *testing.T) {
 	o := runJSON(t, "--nodes", write(t, "n.yaml", oneNode), "--workload", write(t, "j.yaml", oneGPUJob), "--explain")
 	if len(o.Domains) != 1 || o.Domains[0].WholeFree != 2 || o.Domains[0].Domain != "" {
 		t.Errorf("-o json --explain domains = %+v", o.Domains)
+	}
+}
+
+// TestPodAntiAffinity: `gpupack fit` reads pod anti-affinity as the check
+// does (inventory.GangFromPodSets, gpucache.Snapshot.Decide): one pod per
+// node, and not beside a bound pod of the same label in the workload's
+// namespace.
+func TestPodAntiAffinity(t *testing.T) {
+	job := func(n int) string {
+		return write(t, "wl.yaml", fmt.Sprintf(`apiVersion: batch/v1
+kind: Job
+metadata: {name: ring}
+spec:
+  parallelism: %d
+  template:
+    metadata: {labels: {app: ring}}
+    spec:
+      affinity:
+        podAntiAffinity:
+          requiredDuringSchedulingIgnoredDuringExecution:
+          - topologyKey: kubernetes.io/hostname
+            labelSelector: {matchLabels: {app: ring}}
+      containers:
+      - name: m
+        image: x
+        resources: {limits: {nvidia.com/gpu: 1}}
+`, n))
+	}
+	pods := write(t, "pods.yaml", `apiVersion: v1
+kind: Pod
+metadata: {name: ring-old, namespace: default, labels: {app: ring}}
+spec:
+  nodeName: a1
+  containers: [{name: c, image: x}]
+status: {phase: Running}
+`)
+	o := runJSON(t, "--nodes", "testdata/nodes.yaml", "--pods", pods, "--workload", job(3))
+	if !o.Fits {
+		t.Fatalf("reasons = %q", o.Reasons)
+	}
+	seen := map[string]bool{}
+	for _, a := range o.Assignments {
+		if seen[a.Node] || a.Node == "a1" {
+			t.Errorf("pod %s-%d on %s: two on one node, or beside ring-old", a.PodSet, a.Index, a.Node)
+		}
+		seen[a.Node] = true
+	}
+	o = runJSON(t, "--nodes", "testdata/nodes.yaml", "--pods", pods, "--workload", job(4))
+	if o.Fits || !strings.HasPrefix(o.Reasons[0], "Retry") || !strings.Contains(strings.Join(o.Reasons, "\n"), "at most 1 pod per node") {
+		t.Fatalf("fits=%v reasons = %q", o.Fits, o.Reasons)
 	}
 }

@@ -155,6 +155,7 @@ func loadParams(path string) (*v1alpha1.GangFitParameters, error) {
 type workload struct {
 	kind        string
 	name        string
+	namespace   string // "default" when the file names none
 	annotations map[string]string
 	podSets     []kueue.PodSet
 }
@@ -184,7 +185,7 @@ func loadWorkload(path string) (*workload, error) {
 		if err := yaml.Unmarshal(doc, &w); err != nil {
 			return nil, fmt.Errorf("%s: %v", path, err)
 		}
-		return &workload{kind: "Workload", name: w.Name, annotations: w.Annotations, podSets: w.Spec.PodSets}, nil
+		return &workload{kind: "Workload", name: w.Name, namespace: orDefault(w.Namespace), annotations: w.Annotations, podSets: w.Spec.PodSets}, nil
 	case tm.Kind == "PyTorchJob" && group == "kubeflow.org":
 		var j kubeflowv1.PyTorchJob
 		if err := yaml.Unmarshal(doc, &j); err != nil {
@@ -204,7 +205,7 @@ func loadWorkload(path string) (*workload, error) {
 			}
 			return strings.Compare(a, b)
 		})
-		w := &workload{kind: "PyTorchJob", name: j.Name, annotations: j.Annotations}
+		w := &workload{kind: "PyTorchJob", name: j.Name, namespace: orDefault(j.Namespace), annotations: j.Annotations}
 		for _, rt := range types {
 			rs := j.Spec.PyTorchReplicaSpecs[kubeflowv1.ReplicaType(rt)]
 			if rs == nil {
@@ -234,7 +235,7 @@ func loadWorkload(path string) (*workload, error) {
 		if j.Spec.Completions != nil && *j.Spec.Completions < count {
 			count = *j.Spec.Completions
 		}
-		return &workload{kind: "Job", name: j.Name, annotations: j.Annotations, podSets: []kueue.PodSet{
+		return &workload{kind: "Job", name: j.Name, namespace: orDefault(j.Namespace), annotations: j.Annotations, podSets: []kueue.PodSet{
 			{Name: kueue.DefaultPodSetName, Count: count, Template: withJobAnnotations(j.Spec.Template, j.Annotations)},
 		}}, nil
 	}
@@ -264,4 +265,12 @@ func withJobAnnotations(t corev1.PodTemplateSpec, job map[string]string) corev1.
 		}
 	}
 	return t
+}
+
+// orDefault is a namespace as kubectl reads a file without one.
+func orDefault(ns string) string {
+	if ns == "" {
+		return "default"
+	}
+	return ns
 }

@@ -130,12 +130,12 @@ func TestDecideNeverRejectsAnIncompleteInventory(t *testing.T) {
 	g := fit.Gang{PodSets: []fit.PodSet{{Name: "main", Count: 1, GPUsPerPod: 4}}}
 	c := New(nil)
 	var v Verdict
-	c.Read(flavors.DefaultBuffer(), func(s *Snapshot) { v = s.Decide(g, fit.Options{}) })
+	c.Read(flavors.DefaultBuffer(), func(s *Snapshot) { v = s.Decide(g, nil, fit.Options{}) })
 	if !v.Never || v.Incomplete == "" {
 		t.Errorf("no nodes: %+v, want Never with Incomplete set (a manager cluster without GPUs must not reject)", v)
 	}
 	c.UpsertNode(node("n1", 2))
-	c.Read(flavors.DefaultBuffer(), func(s *Snapshot) { v = s.Decide(g, fit.Options{}) })
+	c.Read(flavors.DefaultBuffer(), func(s *Snapshot) { v = s.Decide(g, nil, fit.Options{}) })
 	if !v.Never || v.Incomplete != "" {
 		t.Errorf("complete inventory of 2-GPU nodes: %+v, want Never and complete", v)
 	}

@@ -29,14 +29,14 @@ func TestReleasedPlanGhostsAreSettling(t *testing.T) {
 	c.UpsertPod(pod) // terminating
 	g := fit.Gang{PodSets: []fit.PodSet{{Name: "main", Count: 1, GPUsPerPod: 1}}}
 	var v Verdict
-	c.Read(flavors.DefaultBuffer(), func(s *Snapshot) { v = s.Decide(g, fit.Options{}) })
+	c.Read(flavors.DefaultBuffer(), func(s *Snapshot) { v = s.Decide(g, nil, fit.Options{}) })
 	t.Logf("pod terminating, ghost live: fits=%v settled=%v never=%v", v.Result.Fits, v.SettledFits, v.Never)
 	if !v.SettledFits {
 		t.Errorf("preemptor would get Retry (quota released) while only the victim's terminating pod and the ghost hold the GPU")
 	}
 	now = now.Add(3 * time.Second)
 	c.DeletePod("victim") // victim pod gone after 3s
-	c.Read(flavors.DefaultBuffer(), func(s *Snapshot) { v = s.Decide(g, fit.Options{}) })
+	c.Read(flavors.DefaultBuffer(), func(s *Snapshot) { v = s.Decide(g, nil, fit.Options{}) })
 	t.Logf("pod gone, ghost live: fits=%v settled=%v never=%v", v.Result.Fits, v.SettledFits, v.Never)
 	if !v.Result.Fits && !v.SettledFits {
 		t.Errorf("preemptor would get Retry for the 12s the ghost still lives")

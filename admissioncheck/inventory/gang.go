@@ -19,13 +19,19 @@ import (
 // nvidia.com/gpu with memory annotations or HAMi resources (the webhook did
 // not run, or a memory percentage it cannot convert) is read as the shared
 // request they describe. Pod sets without GPUs are left out.
-func GangFromPodSets(podSets []kueue.PodSet) (fit.Gang, error) {
+//
+// ns is the Workload's namespace (its pods'): the GPU pod sets' required
+// pod anti-affinity is read into Apart (pod sets whose pods may not share a
+// node), and returned per pod set for the running pods' side
+// (gpucache.Snapshot.Decide). A pod affinity rule the plan cannot honour
+// is an error wrapping ErrNotPlanned.
+func GangFromPodSets(ns string, podSets []kueue.PodSet) (fit.Gang, []PodAffinity, error) {
 	var g fit.Gang
 	for i := range podSets {
 		ps := &podSets[i]
 		req, ok, err := TemplateRequest(&ps.Template)
 		if err != nil {
-			return fit.Gang{}, fmt.Errorf("pod set %s: %w", ps.Name, err)
+			return fit.Gang{}, nil, fmt.Errorf("pod set %s: %w", ps.Name, err)
 		}
 		if !ok {
 			continue
@@ -34,7 +40,11 @@ func GangFromPodSets(podSets []kueue.PodSet) (fit.Gang, error) {
 		req.Count = int(ps.Count)
 		g.PodSets = append(g.PodSets, req)
 	}
-	return g, nil
+	aff, err := podAffinities(ns, podSets, &g)
+	if err != nil {
+		return fit.Gang{}, nil, err
+	}
+	return g, aff, nil
 }
 
 // TemplateRequest reads one pod template's GPU request per pod; false when
@@ -45,7 +55,8 @@ func GangFromPodSets(podSets []kueue.PodSet) (fit.Gang, error) {
 // add up (sidecar init containers too; a plain init container runs alone,
 // so it only raises the peak).
 func TemplateRequest(t *corev1.PodTemplateSpec) (fit.PodSet, bool, error) {
-	out := fit.PodSet{NodeSelector: t.Spec.NodeSelector, NodeAffinity: requiredNodeAffinity(t), Tolerations: t.Spec.Tolerations}
+	out := fit.PodSet{NodeSelector: t.Spec.NodeSelector, NodeAffinity: requiredNodeAffinity(t), Tolerations: t.Spec.Tolerations,
+		Requests: PodRequests(&t.Spec)}
 	ann, err := gpureq.ParseAnnotations(t.Annotations)
 	if err != nil {
 		return out, false, err

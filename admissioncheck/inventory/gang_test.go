@@ -148,7 +148,7 @@ func TestGangFromPodSets(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			g, err := GangFromPodSets(tc.in)
+			g, _, err := GangFromPodSets("ns", tc.in)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("error = %v, want %q", err, tc.wantErr)

@@ -47,7 +47,7 @@ func TestGangFromPodSetsHAMiForm(t *testing.T) {
 		t.Fatalf("template is not in HAMi form: %v", lim)
 	}
 	pct := podSet("pct", 1, nil, rl(v1alpha1.ResourceNvidiaGPU, 1, v1alpha1.AnnotationHAMiGPUMemPercentage, 25))
-	g, err := GangFromPodSets([]kueue.PodSet{ps, pct})
+	g, _, err := GangFromPodSets("ns", []kueue.PodSet{ps, pct})
 	if err != nil {
 		t.Fatal(err)
 	}

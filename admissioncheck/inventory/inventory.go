@@ -49,6 +49,7 @@ func NodeWithSource(n *corev1.Node, buf flavors.Buffer, flavorModel string) (fit
 		Taints:        n.Spec.Taints,
 		Ready:         nodeReady(n),
 		Unschedulable: n.Spec.Unschedulable,
+		Resources:     NodeResources(n),
 	}
 	if s, ok := n.Annotations[v1alpha1.AnnotationGPUs]; ok {
 		gpus, err := v1alpha1.ParseGPUs(s)
@@ -72,7 +73,7 @@ func NodeWithSource(n *corev1.Node, buf flavors.Buffer, flavorModel string) (fit
 				idx = *d.Index
 			}
 			out.GPUs = append(out.GPUs, fit.GPU{UUID: d.ID, Model: d.Type, Index: idx, PhysicalMiB: d.DevMem,
-				AllocatableMiB: buf.Allocatable(d.DevMem), Healthy: d.Health})
+				AllocatableMiB: buf.Allocatable(d.DevMem), Healthy: d.Health, MaxShare: max(0, d.Count)})
 		}
 		return out, SourceHAMi, nil
 	}

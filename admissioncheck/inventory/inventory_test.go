@@ -70,15 +70,15 @@ func TestNodeFromObject(t *testing.T) {
 		{
 			name:       "HAMi JSON",
 			node:       mkNode("n").ann(v1alpha1.AnnotationHAMiNodeRegister, `[{"id":"GPU-x","index":2,"count":10,"devmem":81559,"devcore":100,"type":"NVIDIA-H100","numa":0,"mode":"hami-core","health":true}]`).notReady().obj(),
-			want:       []fit.GPU{{UUID: "GPU-x", Model: "NVIDIA-H100", Index: 2, PhysicalMiB: h100, AllocatableMiB: alloc, Healthy: true}},
+			want:       []fit.GPU{{UUID: "GPU-x", Model: "NVIDIA-H100", Index: 2, PhysicalMiB: h100, AllocatableMiB: alloc, Healthy: true, MaxShare: 10}},
 			wantSource: SourceHAMi,
 		},
 		{
 			name: "HAMi legacy, 7 and 9 fields",
 			node: mkNode("n").ann(v1alpha1.AnnotationHAMiNodeRegister, "GPU-0,10,32768,100,NVIDIA-Tesla V100-PCIE-32GB,0,true:GPU-1,10,32768,100,NVIDIA-Tesla V100-PCIE-32GB,1,false,5,hami-core:").obj(),
 			want: []fit.GPU{
-				{UUID: "GPU-0", Model: "NVIDIA-Tesla V100-PCIE-32GB", Index: 0, PhysicalMiB: 32768, AllocatableMiB: buf.Allocatable(32768), Healthy: true},
-				{UUID: "GPU-1", Model: "NVIDIA-Tesla V100-PCIE-32GB", Index: 5, PhysicalMiB: 32768, AllocatableMiB: buf.Allocatable(32768), Healthy: false},
+				{UUID: "GPU-0", Model: "NVIDIA-Tesla V100-PCIE-32GB", Index: 0, PhysicalMiB: 32768, AllocatableMiB: buf.Allocatable(32768), Healthy: true, MaxShare: 10},
+				{UUID: "GPU-1", Model: "NVIDIA-Tesla V100-PCIE-32GB", Index: 5, PhysicalMiB: 32768, AllocatableMiB: buf.Allocatable(32768), Healthy: false, MaxShare: 10},
 			},
 			wantSource: SourceHAMi, wantReady: true,
 		},

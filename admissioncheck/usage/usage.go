@@ -16,6 +16,13 @@
 //     of the same name, and its previous pods, still terminating, must keep
 //     holding their GPUs on top of the new plan.
 //
+// Resources other than GPUs (cpu, memory, pods, ephemeral-storage,
+// extended resources) follow the same two parts: every pod bound to a node
+// (spec.nodeName), not Succeeded or Failed, holds its requests there
+// (PodNodeUsage), terminating or not, GPU pod or not; a plan slot that
+// holds its GPUs also holds its pod's requests on its node (Slot.Requests,
+// from the plan's gpupack.io/pod-requests).
+//
 // A GPU counted twice (a pod created but not yet recorded in its plan's
 // bindings) errs on the safe side: capacity looks busier than it is for a
 // moment, never freer. Pure functions; no client calls.
@@ -91,6 +98,24 @@ func PodUsage(p *corev1.Pod) (Pod, bool, error) {
 	return out, true, nil
 }
 
+// NodeUsage is what a pod holds on its node besides GPUs.
+type NodeUsage struct {
+	Node string
+	// Requests in milli-units (cpu, memory, ephemeral-storage, extended
+	// resources); the pod also holds one of the node's pods.
+	Requests    map[corev1.ResourceName]int64
+	Terminating bool
+}
+
+// PodNodeUsage reports what p holds on its node of everything but GPUs:
+// holds is false for a pod not bound to a node, or Succeeded or Failed.
+func PodNodeUsage(p *corev1.Pod) (NodeUsage, bool) {
+	if p.Spec.NodeName == "" || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+		return NodeUsage{}, false
+	}
+	return NodeUsage{Node: p.Spec.NodeName, Requests: inventory.PodRequests(&p.Spec), Terminating: p.DeletionTimestamp != nil}, true
+}
+
 // Slot is one pod slot of a plan.
 type Slot struct {
 	PodSet string
@@ -100,6 +125,9 @@ type Slot struct {
 	PodName string
 	PodUID  types.UID
 	GPUs    []fit.Usage
+	// Requests: what the slot's pod asks besides GPUs (nil if the plan
+	// does not say), held on Node with the GPUs.
+	Requests map[corev1.ResourceName]int64
 }
 
 // PlanSlots lists every slot of a plan that is not Released (none when it
@@ -112,6 +140,9 @@ func PlanSlots(plan *v1alpha1.GPUPlan) []Slot {
 		podSet string
 		index  int32
 	}
+	// An unreadable annotation reserves nothing besides the GPUs (the
+	// plan's pods still count their own requests once they are bound).
+	reqs, _ := inventory.ParsePodRequests(plan.Annotations[v1alpha1.AnnotationPodRequests])
 	bound := make(map[key]v1alpha1.SlotBinding, len(plan.Status.Bindings))
 	for _, b := range plan.Status.Bindings {
 		bound[key{b.PodSet, b.Index}] = b
@@ -119,7 +150,7 @@ func PlanSlots(plan *v1alpha1.GPUPlan) []Slot {
 	out := make([]Slot, 0, len(plan.Spec.Assignments))
 	for _, a := range plan.Spec.Assignments {
 		b := bound[key{a.PodSet, a.Index}]
-		s := Slot{PodSet: a.PodSet, Index: a.Index, Node: a.Node, PodName: b.PodName, PodUID: b.PodUID}
+		s := Slot{PodSet: a.PodSet, Index: a.Index, Node: a.Node, PodName: b.PodName, PodUID: b.PodUID, Requests: reqs[a.PodSet]}
 		for _, g := range a.GPUs {
 			u := fit.Usage{UUID: g.UUID, MemoryMiB: g.MemoryMiB, Cores: g.Cores, Exclusive: g.Exclusive}
 			if g.Exclusive && u.Cores == 0 {

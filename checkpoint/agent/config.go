@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -44,8 +45,11 @@ const (
 	DefaultCheckpointTimeout = 20 * time.Second
 	DefaultGrace             = 30 * time.Second // Kubernetes' default terminationGracePeriodSeconds
 	DefaultKillMargin        = 2 * time.Second
+	DefaultPolicyKillMargin  = 5 * time.Second
 	DefaultExitWait          = 5 * time.Second
+	DefaultMaxClockSkew      = 2 * time.Second
 	DefaultPoll              = 250 * time.Millisecond
+	DefaultUploadTimeout     = 10 * time.Minute
 	DefaultAnnotationsFile   = "/etc/gpupack/podinfo/annotations"
 	DefaultTerminationLog    = "/dev/termination-log"
 	// EnvPodName and EnvPodNamespace are set from the downward API
@@ -65,11 +69,34 @@ type Config struct {
 	// CheckpointDir is where the trainer saves (manifest format). Empty:
 	// the agent cannot see checkpoints and only escalates on time.
 	CheckpointDir string
+	// LocalCheckpointDir (tiered checkpoints): the fast node-local
+	// directory the trainer saves to first. A step counts as saved once
+	// this pod's ranks of it verify there; the agent uploads every
+	// verified local rank checkpoint to CheckpointDir in the background,
+	// at a request within the grace period, and at start (before the
+	// command) whatever an earlier run on this node left un-uploaded. Only
+	// uploaded steps are reported: a restart reads CheckpointDir.
+	LocalCheckpointDir string
+	// UploadTimeout bounds the upload at start and, without a request, at
+	// the command's exit (with a request the kill deadline bounds it).
+	UploadTimeout time.Duration
 	// Grace is the pod's termination grace period, counted from the request.
 	Grace time.Duration
 	// KillMargin: the agent SIGKILLs the trainer this long before Grace
 	// ends, so it can still write its report before the kubelet kills it.
 	KillMargin time.Duration
+	// PolicyKillMargin: with a cluster-policy deadline
+	// (gpupack.io/checkpoint-deadline) the SIGKILL comes at the earlier of
+	// T0 + Grace − KillMargin and that deadline + PolicyKillMargin, so a
+	// trainer that ignores SIGTERM cannot hold the node past the policy.
+	PolicyKillMargin time.Duration
+	// MaxClockSkew: how far past a cluster-policy deadline, read on this
+	// node's clock, the agent may wait. The coordinator's deadline and
+	// request time come from its own clock, so the wait is their
+	// difference counted from when this agent saw the request, and no
+	// longer than the deadline + MaxClockSkew by the node's clock
+	// (ClockSkewBound).
+	MaxClockSkew time.Duration
 	// ExitWait: after a checkpoint is verified, how long the trainer may
 	// take to exit on its own before it gets SIGTERM.
 	ExitWait time.Duration
@@ -115,8 +142,12 @@ func ParseArgs(args []string, stderr io.Writer) (Config, error) {
 	sig := fs.String("checkpoint-signal", SignalName(DefaultCheckpointSignal), "signal asking the trainer to checkpoint (name or number)")
 	fs.DurationVar(&cfg.CheckpointTimeout, "checkpoint-timeout", DefaultCheckpointTimeout, "how long to wait for a new verified checkpoint (a request's own deadline can only shorten it)")
 	fs.StringVar(&cfg.CheckpointDir, "checkpoint-dir", "", "directory the trainer saves checkpoints in (gpupack manifest format)")
+	fs.StringVar(&cfg.LocalCheckpointDir, "local-checkpoint-dir", "", "tiered checkpoints: the node-local directory the trainer saves to first; the agent uploads to --checkpoint-dir")
+	fs.DurationVar(&cfg.UploadTimeout, "upload-timeout", DefaultUploadTimeout, "tiered: bound of the upload at start and at an exit without a request")
 	fs.DurationVar(&cfg.Grace, "grace", DefaultGrace, "the pod's termination grace period")
 	fs.DurationVar(&cfg.KillMargin, "kill-margin", DefaultKillMargin, "SIGKILL the trainer this long before the grace period ends")
+	fs.DurationVar(&cfg.PolicyKillMargin, "policy-kill-margin", DefaultPolicyKillMargin, "SIGKILL this long after a cluster-policy checkpoint deadline (gpupack.io/checkpoint-deadline) when that is before the grace period's kill")
+	fs.DurationVar(&cfg.MaxClockSkew, "max-clock-skew", DefaultMaxClockSkew, "a cluster-policy deadline bounds the wait by its duration (deadline - request time, both the coordinator's clock) from when the request was seen, and by the deadline + this on the node's clock")
 	fs.DurationVar(&cfg.ExitWait, "exit-wait", DefaultExitWait, "after a verified checkpoint, time the trainer has to exit before SIGTERM")
 	fs.StringVar(&cfg.AnnotationsFile, "annotations-file", DefaultAnnotationsFile, "downward-API file of the pod's annotations (empty: none)")
 	fs.StringVar(&cfg.TerminationLog, "termination-log", DefaultTerminationLog, "file the final report is written to (empty: none)")
@@ -151,16 +182,31 @@ func ParseArgs(args []string, stderr io.Writer) (Config, error) {
 
 func (c *Config) validate() error {
 	switch {
+	case c.CheckpointSignal == syscall.SIGTERM || c.CheckpointSignal == syscall.SIGINT:
+		// Sent to every process with a handler: torchrun forwards it to
+		// its workers as a stop, DataLoader workers die of it, and the
+		// save never happens.
+		return fmt.Errorf("--checkpoint-signal %s is refused: SIGTERM and SIGINT stop torchrun and DataLoader workers, so no checkpoint gets written; use SIGUSR1 (the default) or SIGUSR2", SignalName(c.CheckpointSignal))
 	case c.CheckpointTimeout <= 0:
 		return fmt.Errorf("--checkpoint-timeout %v must be > 0", c.CheckpointTimeout)
 	case c.Grace <= 0:
 		return fmt.Errorf("--grace %v must be > 0", c.Grace)
+	case c.PolicyKillMargin < 0:
+		return fmt.Errorf("--policy-kill-margin %v must not be negative", c.PolicyKillMargin)
 	case c.KillMargin < 0 || c.KillMargin >= c.Grace:
 		return fmt.Errorf("--kill-margin %v must be in [0, --grace %v)", c.KillMargin, c.Grace)
+	case c.MaxClockSkew < 0:
+		return fmt.Errorf("--max-clock-skew %v must not be negative", c.MaxClockSkew)
 	case c.ExitWait < 0:
 		return fmt.Errorf("--exit-wait %v must be >= 0", c.ExitWait)
 	case c.Poll <= 0:
 		return fmt.Errorf("--poll %v must be > 0", c.Poll)
+	case c.LocalCheckpointDir != "" && c.CheckpointDir == "":
+		return errors.New("--local-checkpoint-dir needs --checkpoint-dir (where the checkpoints are uploaded to)")
+	case c.LocalCheckpointDir != "" && filepath.Clean(c.LocalCheckpointDir) == filepath.Clean(c.CheckpointDir):
+		return errors.New("--local-checkpoint-dir and --checkpoint-dir must differ")
+	case c.LocalCheckpointDir != "" && c.UploadTimeout <= 0:
+		return fmt.Errorf("--upload-timeout %v must be > 0", c.UploadTimeout)
 	}
 	// A timeout longer than the grace period cannot be honoured; the kill
 	// deadline wins and the run loop says so.

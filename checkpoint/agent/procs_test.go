@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"syscall"
 	"testing"
+
+	"github.com/google/go-cmp/cmp"
 )
 
 // fakeProc writes /proc/<pid>/stat and status the way Linux does, with the
@@ -77,4 +79,45 @@ func FuzzParseStat(f *testing.F) {
 			t.Fatalf("parseStat(%q) = %+v", s, p)
 		}
 	})
+}
+
+// The SIGTERM step's choice: ranks, and whatever no live rank hangs from
+// or launched.
+func TestTermTargetsSpareLaunchersAndWorkersOfLiveRanks(t *testing.T) {
+	ps := []procInfo{
+		{pid: 5, ppid: 1},   // bash -c "torchrun …; echo done"
+		{pid: 10, ppid: 5},  // torchrun
+		{pid: 11, ppid: 10}, // rank 0
+		{pid: 12, ppid: 11}, // its DataLoader workers
+		{pid: 13, ppid: 12}, // a worker's own child
+		{pid: 14, ppid: 10}, // rank 1 (setsid'd: another group, same parent)
+		{pid: 15, ppid: 14},
+		{pid: 20, ppid: 1},  // a sidecar-ish process of the container
+		{pid: 30, ppid: 1},  // an orphaned DataLoader worker whose rank died
+		{pid: 31, ppid: 99}, // parent not visible (kubectl exec)
+	}
+	got := termTargets(ps, map[int]bool{11: true, 14: true, 77: true /* gone */})
+	if diff := cmp.Diff([]int{11, 14, 20, 30, 31}, got); diff != "" {
+		t.Errorf("termTargets (-want +got):\n%s", diff)
+	}
+	// Rank 0 gone: its workers (now orphans below the agent) and nothing
+	// else become targets; torchrun stays spared while rank 1 lives.
+	ps2 := append([]procInfo{}, ps[0], ps[1], procInfo{pid: 12, ppid: 1}, procInfo{pid: 13, ppid: 12}, ps[5], ps[6])
+	if diff := cmp.Diff([]int{12, 13, 14}, termTargets(ps2, map[int]bool{14: true})); diff != "" {
+		t.Errorf("termTargets after rank 0 exited (-want +got):\n%s", diff)
+	}
+	// After the request's checkpoint verified: torchrun gets the SIGTERM
+	// instead of its ranks (it would restart ranks that die of it); a rank
+	// directly below the agent (pid 1 here: not in ps) still gets it.
+	if diff := cmp.Diff([]int{10, 20, 30, 31}, launchersInstead(ps, map[int]bool{11: true, 14: true}, got)); diff != "" {
+		t.Errorf("launchersInstead (-want +got):\n%s", diff)
+	}
+	solo := []procInfo{{pid: 40, ppid: 1}, {pid: 41, ppid: 40}}
+	if diff := cmp.Diff([]int{40}, launchersInstead(solo, map[int]bool{40: true}, termTargets(solo, map[int]bool{40: true}))); diff != "" {
+		t.Errorf("launchersInstead of a rank below the agent (-want +got):\n%s", diff)
+	}
+	// No rank at all (a trainer without the helper): everything.
+	if diff := cmp.Diff([]int{5, 10, 11, 12, 13, 14, 15, 20, 30, 31}, termTargets(ps, nil)); diff != "" {
+		t.Errorf("termTargets without ranks (-want +got):\n%s", diff)
+	}
 }

@@ -150,6 +150,13 @@ type Report struct {
 	// CheckpointStep is the step of the new verified checkpoint saved after
 	// the request; absent when there was none.
 	CheckpointStep *int64 `json:"checkpointStep,omitempty"`
+	// LocalStep (tiered checkpoints) is the step this pod's ranks saved to
+	// the node-local directory after the request; CheckpointStep is set
+	// only once it was uploaded to the shared directory.
+	LocalStep *int64 `json:"localStep,omitempty"`
+	// UploadPending (tiered): LocalStep did not reach the shared directory
+	// before the agent had to exit; the next start on this node uploads it.
+	UploadPending bool `json:"uploadPending,omitempty"`
 	// VerifiedSteps are the gang-consistent steps (every rank's manifest
 	// verified) among the newest steps of the checkpoint directory when the
 	// agent exited, newest first (at most 4).

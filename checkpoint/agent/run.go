@@ -12,8 +12,12 @@
 //	→ wait until a new gang-consistent checkpoint verifies (every rank's
 //	  manifest, hashed in the background), or T0 + checkpoint timeout (the
 //	  smaller of --checkpoint-timeout and the request's own bound)
-//	→ (new checkpoint: report its step; give the processes ExitWait to exit)
-//	→ SIGTERM to every process
+//	→ (new checkpoint: report its step; give the processes ExitWait to exit;
+//	  tiered: saved once this pod's ranks verify in the local directory,
+//	  reported once uploaded to the shared one)
+//	→ SIGTERM to the ranks (processes handling the checkpoint signal) and
+//	  to every process neither above nor below a live rank; the launchers
+//	  and DataLoader workers of a live rank get it once that rank is gone
 //	→ SIGKILL to every process at T0 + grace − kill margin
 //	→ exit once every descendant is gone: ExitPreempted after a checkpoint.
 //
@@ -70,7 +74,8 @@ func Run(cfg Config) int {
 	if cfg.ProcDir == "" {
 		cfg.ProcDir = "/proc"
 	}
-	r := &runner{cfg: cfg, ver: &manifest.Verifier{}, signalled: map[int]bool{}}
+	r := &runner{cfg: cfg, ver: &manifest.Verifier{JobID: jobID()}, signalled: map[int]bool{}, termed: map[int]bool{},
+		spared: map[int]bool{}, freedAt: map[int]time.Time{}}
 	return r.run()
 }
 
@@ -83,23 +88,52 @@ type runner struct {
 
 	mainDone   bool
 	mainStatus syscall.WaitStatus
+	mainExitAt time.Time
 
-	requested   bool
-	requestAt   time.Time
-	termAtBound time.Time // T0 + effective checkpoint timeout
-	baseline    map[string]bool
-	signalled   map[int]bool // pids the checkpoint signal was sent to
-	savedStep   *int64
-	termSent    bool
-	killSent    bool
-	exitWaitEnd time.Time
+	requested bool
+	requestAt time.Time
+	// annRequest, annSeenAt: the request annotation's value and when this
+	// agent first saw it (the start of a policy deadline's duration).
+	annRequest string
+	annSeenAt  time.Time
+	// policyKillAt: the cluster policy's deadline + PolicyKillMargin (zero:
+	// none); killAt is the earlier of it and T0 + grace − margin.
+	policyKillAt time.Time
+	termAtBound  time.Time // T0 + effective checkpoint timeout
+	baseline     map[string]bool
+	signalled    map[int]bool // pids the checkpoint signal was sent to
+	termed       map[int]bool // pids the SIGTERM step reached
+	spared       map[int]bool // pids the last SIGTERM step spared
+	freedAt      map[int]time.Time
+	// savedLocal: the trainer's checkpoint for the request verified (in
+	// the local directory of a tiered checkpoint, else the shared one);
+	// savedStep: that step is in the shared directory, so it is reported.
+	savedLocal    *int64
+	savedLocalIDs []string
+	savedStep     *int64
+	termSent      bool
+	killSent      bool
+	exitWaitEnd   time.Time
 	// drainAt: the command exited without a request but left processes;
 	// they get SIGTERM at once and SIGKILL at drainAt.
 	drainAt time.Time
 
-	scans    []manifest.StepState
-	reported chan error
+	scans      []manifest.StepState
+	localScans []manifest.StepState
+	upload     uploadState
+	uploadCh   chan uploadState
+	reported   chan error
 }
+
+// uploadState is what the background uploader has done (tiered checkpoints).
+type uploadState struct {
+	uploaded  map[string]bool // IDs of local rank manifests now in the shared directory
+	pending   int             // verified local rank checkpoints not uploaded at the end of the last pass
+	passDone  bool            // at least one whole pass finished
+	passStart time.Time       // when the last finished pass began
+}
+
+func (r *runner) tiered() bool { return r.cfg.LocalCheckpointDir != "" }
 
 func (r *runner) logf(event string, kv ...any) {
 	var b strings.Builder
@@ -123,6 +157,12 @@ func (r *runner) run() int {
 		if err := becomeSubreaper(); err != nil {
 			r.logf("subreaper-failed", "error", fmt.Sprintf("%q", err.Error()))
 		}
+	}
+
+	if r.tiered() {
+		// Whatever an earlier run on this node saved locally and did not
+		// upload goes to the shared directory before the trainer looks there.
+		r.uploadAtStart()
 	}
 
 	path, err := exec.LookPath(r.cfg.Command[0])
@@ -160,8 +200,16 @@ func (r *runner) run() int {
 	scanCtx, stopScan := context.WithCancel(context.Background())
 	defer stopScan()
 	scanCh := make(chan []manifest.StepState, 1)
+	localScanCh := make(chan []manifest.StepState, 1)
 	if r.cfg.CheckpointDir != "" {
-		go r.scanLoop(scanCtx, scanCh)
+		go r.scanLoop(scanCtx, r.cfg.CheckpointDir, scanCh)
+	}
+	uploadCtx, stopUpload := context.WithCancel(context.Background())
+	defer stopUpload()
+	r.uploadCh = make(chan uploadState, 1)
+	if r.tiered() {
+		go r.scanLoop(scanCtx, r.cfg.LocalCheckpointDir, localScanCh)
+		go r.uploadLoop(uploadCtx, r.uploadCh)
 	}
 
 	poll := time.NewTicker(r.cfg.Poll)
@@ -198,9 +246,18 @@ func (r *runner) run() int {
 		case st := <-scanCh:
 			r.scans = st
 			r.checkCheckpoint()
+		case st := <-localScanCh:
+			r.localScans = st
+			r.checkCheckpoint()
+		case up := <-r.uploadCh:
+			r.upload = up
+			r.checkUploaded()
 		case <-poll.C:
 			r.checkAnnotation()
 			r.redeliver()
+			if r.requested && r.termSent && !r.killSent {
+				r.terminate(true) // processes no live rank spares any more
+			}
 			if r.killSent && !r.pid1 {
 				r.signalAll(syscall.SIGKILL, true) // a fork that raced the first SIGKILL
 			}
@@ -231,9 +288,9 @@ func reap(which int, out chan<- procEvent) {
 	}
 }
 
-func (r *runner) scanLoop(ctx context.Context, out chan []manifest.StepState) {
+func (r *runner) scanLoop(ctx context.Context, dir string, out chan []manifest.StepState) {
 	for {
-		st, err := r.ver.Scan(ctx, r.cfg.CheckpointDir, scanSteps)
+		st, err := r.ver.Scan(ctx, dir, scanSteps)
 		if ctx.Err() != nil {
 			return
 		}
@@ -253,7 +310,7 @@ func (r *runner) scanLoop(ctx context.Context, out chan []manifest.StepState) {
 }
 
 func (r *runner) mainExited(ws syscall.WaitStatus) {
-	r.mainDone, r.mainStatus = true, ws
+	r.mainDone, r.mainStatus, r.mainExitAt = true, ws, time.Now()
 	r.logf("command-exited", "status", statusCode(ws))
 	if !r.requested && r.drainAt.IsZero() {
 		// Without a request the command's end is the container's end; what
@@ -319,6 +376,159 @@ func (r *runner) signalAll(s syscall.Signal, quiet bool) {
 	}
 }
 
+// terminate is the SIGTERM step of a request. The ranks (processes that
+// handle the checkpoint signal) get SIGTERM; while a rank lives, the
+// processes above it (torchrun, which forwards SIGTERM to its workers and
+// SIGKILLs them 30 s later; a wrapper shell) and below it (its DataLoader
+// workers: killed, they make the rank's DataLoader raise in the middle of
+// a save) are spared; every other process gets it. Called again at every
+// poll, it reaches the processes a rank no longer spares (its workers
+// after it exited, torchrun once its ranks are gone), each ExitWait after
+// it stopped being spared, so a launcher whose ranks all left can exit on
+// its own first (torchrun notices within its monitor interval and exits 0).
+// SIGKILL at the kill deadline reaches everything.
+func (r *runner) terminate(again bool) {
+	ps, err := r.targets()
+	if err != nil {
+		if !again {
+			r.logf("proc-unreadable", "error", fmt.Sprintf("%q", err.Error()))
+			r.signalAll(syscall.SIGTERM, false)
+		}
+		return
+	}
+	ranks := map[int]bool{}
+	for _, p := range ps {
+		if r.signalled[p.pid] {
+			ranks[p.pid] = true
+		} else if ok, err := catches(r.cfg.ProcDir, p.pid, r.cfg.CheckpointSignal); err == nil && ok {
+			ranks[p.pid] = true
+		}
+	}
+	var sent, spared []int
+	now := time.Now()
+	targets := termTargets(ps, ranks)
+	if r.savedLocal != nil {
+		targets = launchersInstead(ps, ranks, targets)
+	}
+	isTarget := map[int]bool{}
+	for _, pid := range targets {
+		isTarget[pid] = true
+		if r.termed[pid] {
+			continue
+		}
+		if r.spared[pid] {
+			if r.freedAt[pid].IsZero() {
+				r.freedAt[pid] = now
+			}
+			if now.Sub(r.freedAt[pid]) < r.cfg.ExitWait {
+				continue
+			}
+		}
+		if err := syscall.Kill(pid, syscall.SIGTERM); err == nil {
+			r.termed[pid] = true
+			sent = append(sent, pid)
+		}
+	}
+	for _, p := range ps {
+		if !r.termed[p.pid] {
+			spared = append(spared, p.pid)
+		}
+		if !isTarget[p.pid] {
+			r.spared[p.pid] = true
+		}
+	}
+	if !again || len(sent) > 0 {
+		r.logf("signal-sent", "signal", "SIGTERM", "pids", joinInts(sent), "ranks", joinInts(sortedKeys(ranks)), "spared", joinInts(spared))
+	}
+}
+
+// launchersInstead is the SIGTERM step after the request's checkpoint
+// verified: a rank whose parent is a launcher (a process of the container
+// that is not a rank: torchrun) is left to it, and the launcher gets the
+// SIGTERM instead. torchrun restarts workers that die of a signal
+// (--max_restarts), and a rank still exiting after its save (the
+// interpreter's shutdown has reset the helper's handler; torch 1.13 lingers
+// there for seconds) dies of SIGTERM, so SIGTERM to the ranks started a new
+// worker group into a finished job, again at each poll; SIGTERM to torchrun
+// itself stops its workers and ends it. A rank whose launcher is gone
+// (reparented to the agent) is a target again, and SIGKILL at the kill
+// deadline reaches everything.
+func launchersInstead(ps []procInfo, ranks map[int]bool, targets []int) []int {
+	byPid := make(map[int]procInfo, len(ps))
+	for _, p := range ps {
+		byPid[p.pid] = p
+	}
+	set := map[int]bool{}
+	for _, pid := range targets {
+		if ranks[pid] {
+			if l, ok := byPid[byPid[pid].ppid]; ok && !ranks[l.pid] {
+				set[l.pid] = true
+				continue
+			}
+		}
+		set[pid] = true
+	}
+	return sortedKeys(set)
+}
+
+// termTargets are the processes of ps the SIGTERM step may signal now:
+// every rank, and every process that is neither an ancestor nor a
+// descendant of a live rank.
+func termTargets(ps []procInfo, ranks map[int]bool) []int {
+	byPid := make(map[int]procInfo, len(ps))
+	for _, p := range ps {
+		byPid[p.pid] = p
+	}
+	spared := map[int]bool{}
+	for rank := range ranks {
+		if _, live := byPid[rank]; !live {
+			continue
+		}
+		// Ancestors: the launcher chain up to the agent.
+		seen := map[int]bool{rank: true}
+		for p := byPid[rank].ppid; !seen[p]; p = byPid[p].ppid {
+			seen[p] = true
+			if _, ok := byPid[p]; !ok {
+				break
+			}
+			spared[p] = true
+		}
+	}
+	children := map[int][]int{}
+	for _, p := range ps {
+		children[p.ppid] = append(children[p.ppid], p.pid)
+	}
+	for rank := range ranks {
+		queue := append([]int(nil), children[rank]...)
+		for len(queue) > 0 {
+			c := queue[0]
+			queue = queue[1:]
+			if spared[c] || ranks[c] {
+				continue
+			}
+			spared[c] = true
+			queue = append(queue, children[c]...)
+		}
+	}
+	var out []int
+	for _, p := range ps {
+		if ranks[p.pid] || !spared[p.pid] {
+			out = append(out, p.pid)
+		}
+	}
+	sort.Ints(out)
+	return out
+}
+
+func sortedKeys(m map[int]bool) []int {
+	out := make([]int, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Ints(out)
+	return out
+}
+
 // deliverCheckpoint sends the checkpoint signal to every process that has
 // a handler for it and was not sent it yet.
 func (r *runner) deliverCheckpoint() {
@@ -353,7 +563,7 @@ func (r *runner) deliverCheckpoint() {
 // redeliver reaches processes that installed their handler after the
 // request (a worker still importing torch at T0).
 func (r *runner) redeliver() {
-	if r.requested && !r.termSent && r.savedStep == nil {
+	if r.requested && !r.termSent && r.savedLocal == nil {
 		r.deliverCheckpoint()
 	}
 }
@@ -373,6 +583,29 @@ func joinInts(v []int) string {
 type requestBound struct {
 	Deadline time.Time     // absolute; zero: none
 	Timeout  time.Duration // relative to when the agent sees it; 0: none
+	// RequestedAt: when the coordinator asked, by its clock (the plain
+	// form's time, the JSON form's requestedAt); zero: unknown.
+	RequestedAt time.Time
+}
+
+// ClockSkewBound is when a wait that a cluster-policy deadline bounds
+// ends, by this node's clock. deadline and requestedAt come from the
+// coordinator's clock, seen is when this agent first saw the request: the
+// wait lasts the policy's duration (deadline − requestedAt) from seen, and
+// never past deadline + maxSkew on the node's clock. So a node clock
+// behind the coordinator's (the deadline looks later than it is) no longer
+// holds the preemptor past the policy by the skew: the overshoot is the
+// request's delivery delay (kubelet's downward-API refresh), at most
+// maxSkew; a node clock ahead by up to maxSkew does not cut the
+// checkpoint short, one ahead by more cuts it short by the rest (skew
+// and delivery delay cannot be told apart here). Without requestedAt the
+// deadline alone bounds it.
+func ClockSkewBound(seen, requestedAt, deadline time.Time, maxSkew time.Duration) time.Time {
+	if requestedAt.IsZero() {
+		return deadline
+	}
+	budget := max(deadline.Sub(requestedAt), 0)
+	return minTime(seen.Add(budget), deadline.Add(maxSkew))
 }
 
 func (r *runner) request(source string, b requestBound) {
@@ -385,6 +618,11 @@ func (r *runner) request(source string, b requestBound) {
 			// Manifests only, unverified: hashing here would eat the grace
 			// period. A new checkpoint has a manifest not seen now.
 			r.baseline = manifest.ManifestIDs(r.cfg.CheckpointDir)
+			if r.tiered() {
+				for id := range manifest.ManifestIDs(r.cfg.LocalCheckpointDir) {
+					r.baseline[id] = true
+				}
+			}
 		}
 		r.logf("checkpoint-requested", "source", source, "timeout", r.cfg.CheckpointTimeout, "grace", r.cfg.Grace)
 		if r.cfg.CheckpointTimeout >= r.cfg.Grace-r.cfg.KillMargin {
@@ -437,14 +675,36 @@ func (r *runner) checkAnnotation() {
 	if err != nil {
 		r.logf("request-unparsed", "error", fmt.Sprintf("%q", err.Error()))
 	}
+	if v != r.annRequest {
+		r.annRequest, r.annSeenAt = v, time.Now()
+		if !b.RequestedAt.IsZero() {
+			if lag := r.annSeenAt.Sub(b.RequestedAt); lag < -r.cfg.MaxClockSkew || lag > time.Minute {
+				r.logf("clock-skew", "requested-at", b.RequestedAt.UTC().Format(time.RFC3339Nano), "seen-after", lag.Round(time.Millisecond),
+					"msg", fmt.Sprintf("%q", "this node's clock and the coordinator's disagree (or the request came late): policy deadlines count from when the request was seen"))
+			}
+		}
+	}
+	if !b.Deadline.IsZero() {
+		b.Deadline = ClockSkewBound(r.annSeenAt, b.RequestedAt, b.Deadline, r.cfg.MaxClockSkew)
+	}
 	// The coordinator and the eviction webhook write the cluster policy's
 	// deadline next to the request (preemption/policy); like the request's
 	// own bound it only ever shortens the wait.
 	if d, ok := ann[policy.AnnotationCheckpointDeadline]; ok {
 		if t, err := policy.ParseDeadline(d); err != nil {
 			r.logf("request-unparsed", "error", fmt.Sprintf("%q", err.Error()))
-		} else if b.Deadline.IsZero() || t.Before(b.Deadline) {
-			b.Deadline = t
+		} else {
+			t = ClockSkewBound(r.annSeenAt, b.RequestedAt, t, r.cfg.MaxClockSkew)
+			if b.Deadline.IsZero() || t.Before(b.Deadline) {
+				b.Deadline = t
+			}
+			// Not only the wait: the kill too. Without this a trainer that
+			// ignores SIGTERM kept the node until T0 + grace − margin,
+			// long past a policy deadline of a few seconds.
+			if k := t.Add(r.cfg.PolicyKillMargin); r.policyKillAt.IsZero() || k.Before(r.policyKillAt) {
+				r.policyKillAt = k
+				r.logf("kill-deadline", "source", policy.AnnotationCheckpointDeadline, "at", k.UTC().Format(time.RFC3339Nano))
+			}
 		}
 	}
 	src := v1alpha1.AnnotationCheckpointRequest
@@ -468,9 +728,14 @@ func (r *runner) checkAnnotation() {
 func ParseRequest(v string) (requestBound, error) {
 	v = strings.TrimSpace(v)
 	if !strings.HasPrefix(v, "{") {
-		return requestBound{}, nil
+		t, err := time.Parse(time.RFC3339Nano, v)
+		if err != nil {
+			return requestBound{}, nil // still a request, of unknown time
+		}
+		return requestBound{RequestedAt: t}, nil
 	}
 	var raw struct {
+		RequestedAt    string   `json:"requestedAt"`
 		Deadline       string   `json:"deadline"`
 		TimeoutSeconds *float64 `json:"timeoutSeconds"`
 	}
@@ -478,6 +743,9 @@ func ParseRequest(v string) (requestBound, error) {
 		return requestBound{}, fmt.Errorf("checkpoint request %q: %w", v, err)
 	}
 	var b requestBound
+	if t, err := time.Parse(time.RFC3339Nano, raw.RequestedAt); err == nil {
+		b.RequestedAt = t // else unknown: the deadline alone bounds the wait
+	}
 	if raw.Deadline != "" {
 		t, err := time.Parse(time.RFC3339Nano, raw.Deadline)
 		if err != nil {
@@ -501,34 +769,180 @@ func ParseRequest(v string) (requestBound, error) {
 }
 
 // checkCheckpoint looks, in the latest background scan, for a gang-
-// consistent checkpoint that was not there at the request.
+// consistent checkpoint that was not there at the request (tiered: for a
+// step whose ranks of this pod are complete in the local directory).
 func (r *runner) checkCheckpoint() {
-	if !r.requested || r.savedStep != nil || r.cfg.CheckpointDir == "" {
+	if !r.requested || r.savedLocal != nil || r.cfg.CheckpointDir == "" {
 		return
 	}
-	for _, st := range r.scans {
-		g, ok := st.Gang()
-		if !ok || !r.isNew(g) {
+	scans := r.scans
+	if r.tiered() {
+		scans = r.localScans
+	}
+	for _, st := range scans {
+		var ids []string
+		ranks := 0
+		if r.tiered() {
+			if !st.LocalComplete() {
+				continue
+			}
+			for _, cp := range st.Verified {
+				ids = append(ids, cp.ID)
+			}
+			ranks = len(st.Verified)
+		} else {
+			g, ok := st.Gang()
+			if !ok {
+				continue
+			}
+			ids, ranks = g.IDs(), g.WorldSize
+		}
+		if !r.isNew(ids) {
 			continue
 		}
-		step := g.Step
-		r.savedStep = &step
+		step := st.Step
+		r.savedLocal, r.savedLocalIDs = &step, ids
 		r.exitWaitEnd = time.Now().Add(r.cfg.ExitWait)
-		r.logf("checkpoint-verified", "step", step, "ranks", g.WorldSize, "after", time.Since(r.requestAt).Round(time.Millisecond))
-		if r.cfg.Reporter != nil {
-			r.reported = make(chan error, 1)
-			go func(ch chan<- error) {
-				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				defer cancel()
-				ch <- r.cfg.Reporter.ReportStep(ctx, step)
-			}(r.reported)
+		where := "shared"
+		if r.tiered() {
+			where = "local"
 		}
+		r.logf("checkpoint-verified", "step", step, "ranks", ranks, "dir", where, "after", time.Since(r.requestAt).Round(time.Millisecond))
+		r.checkUploaded()
 		return
 	}
 }
 
-func (r *runner) isNew(g manifest.Gang) bool {
-	for _, id := range g.IDs() {
+// checkUploaded reports the saved step once it is in the shared directory
+// (at once without tiers; tiered, once the uploader copied every local
+// rank of it).
+func (r *runner) checkUploaded() {
+	if r.savedLocal == nil || r.savedStep != nil {
+		return
+	}
+	if r.tiered() {
+		for _, id := range r.savedLocalIDs {
+			if !r.upload.uploaded[id] {
+				return
+			}
+		}
+		r.logf("checkpoint-uploaded", "step", *r.savedLocal, "after", time.Since(r.requestAt).Round(time.Millisecond))
+	}
+	step := *r.savedLocal
+	r.savedStep = &step
+	if r.cfg.Reporter != nil {
+		r.reported = make(chan error, 1)
+		go func(ch chan<- error) {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			ch <- r.cfg.Reporter.ReportStep(ctx, step)
+		}(r.reported)
+	}
+}
+
+// uploadLoop copies every verified local rank checkpoint the shared
+// directory does not hold, newest step first, again every poll.
+func (r *runner) uploadLoop(ctx context.Context, out chan uploadState) {
+	st := uploadState{uploaded: map[string]bool{}}
+	failed := map[string]bool{}
+	publish := func() {
+		cp := uploadState{uploaded: make(map[string]bool, len(st.uploaded)), pending: st.pending, passDone: st.passDone, passStart: st.passStart}
+		for k := range st.uploaded {
+			cp.uploaded[k] = true
+		}
+		select {
+		case <-out:
+		default:
+		}
+		out <- cp
+	}
+	for {
+		passStart := time.Now()
+		srcs, err := r.ver.LocalRanks(ctx, r.cfg.LocalCheckpointDir)
+		if ctx.Err() != nil {
+			return
+		}
+		if err == nil {
+			pending := 0
+			for _, src := range srcs {
+				if st.uploaded[src.ID] {
+					continue
+				}
+				t0 := time.Now()
+				if _, err := r.ver.Upload(ctx, src, r.cfg.CheckpointDir); err != nil {
+					if ctx.Err() != nil {
+						return
+					}
+					if errors.Is(err, manifest.ErrSuperseded) {
+						// The shared step stays as it is: nothing to upload.
+						st.uploaded[src.ID] = true
+						r.logf("upload-skipped", "dir", src.Dir, "reason", fmt.Sprintf("%q", err.Error()))
+						continue
+					}
+					pending++
+					if !failed[src.ID] {
+						failed[src.ID] = true
+						r.logf("upload-failed", "dir", src.Dir, "error", fmt.Sprintf("%q", err.Error()))
+					}
+					continue
+				}
+				st.uploaded[src.ID] = true
+				r.logf("uploaded", "step", src.Manifest.Step, "rank", *src.Manifest.Rank, "took", time.Since(t0).Round(time.Millisecond))
+				publish()
+			}
+			st.pending, st.passDone, st.passStart = pending, true, passStart
+			publish()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(r.cfg.Poll):
+		}
+	}
+}
+
+// uploadAtStart uploads, before the command starts, what the local
+// directory holds and the shared one does not (an earlier run on this node
+// ran out of grace), bounded by UploadTimeout.
+func (r *runner) uploadAtStart() {
+	t0 := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.UploadTimeout)
+	defer cancel()
+	done := make(chan error, 1)
+	var n int
+	go func() {
+		srcs, err := r.ver.LocalRanks(ctx, r.cfg.LocalCheckpointDir)
+		for _, src := range srcs {
+			if r.ver.Uploaded(ctx, src, r.cfg.CheckpointDir) {
+				continue
+			}
+			if _, uerr := r.ver.Upload(ctx, src, r.cfg.CheckpointDir); uerr != nil {
+				if errors.Is(uerr, manifest.ErrSuperseded) {
+					r.logf("upload-skipped", "at", "start", "dir", src.Dir, "reason", fmt.Sprintf("%q", uerr.Error()))
+					continue
+				}
+				err = errors.Join(err, uerr)
+				continue
+			}
+			n++
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			r.logf("upload-failed", "at", "start", "error", fmt.Sprintf("%q", err.Error()))
+		}
+	case <-ctx.Done():
+		r.logf("upload-failed", "at", "start", "error", `"upload timeout"`)
+	}
+	if n > 0 {
+		r.logf("uploaded-at-start", "ranks", n, "took", time.Since(t0).Round(time.Millisecond))
+	}
+}
+
+func (r *runner) isNew(ids []string) bool {
+	for _, id := range ids {
 		if !r.baseline[id] {
 			return true
 		}
@@ -537,14 +951,24 @@ func (r *runner) isNew(g manifest.Gang) bool {
 }
 
 func (r *runner) termAt() time.Time {
-	if r.savedStep != nil {
+	if r.savedLocal != nil {
 		return minTime(r.exitWaitEnd, r.killAt())
 	}
 	return r.termAtBound
 }
 
 func (r *runner) killAt() time.Time {
-	return r.requestAt.Add(r.cfg.Grace - r.cfg.KillMargin)
+	k := r.requestAt.Add(r.cfg.Grace - r.cfg.KillMargin)
+	if !r.policyKillAt.IsZero() {
+		// A deadline already past at T0 (skew, a late request) still
+		// leaves the SIGTERM step PolicyKillMargin.
+		p := r.policyKillAt
+		if floor := r.requestAt.Add(r.cfg.PolicyKillMargin); p.Before(floor) {
+			p = floor
+		}
+		k = minTime(k, p)
+	}
+	return k
 }
 
 func (r *runner) nextDeadline() (time.Time, bool) {
@@ -574,7 +998,7 @@ func (r *runner) escalate(now time.Time) {
 	}
 	if !r.termSent && !now.Before(r.termAt()) {
 		r.termSent = true
-		r.signalAll(syscall.SIGTERM, false)
+		r.terminate(false)
 	}
 	if !r.killSent && !now.Before(r.killAt()) {
 		r.killSent = true
@@ -593,14 +1017,57 @@ func (r *runner) finish() int {
 		deadline = r.killAt().Add(r.cfg.KillMargin / 2)
 	} else {
 		deadline = time.Now().Add(r.cfg.ExitWait)
+		if r.tiered() {
+			deadline = time.Now().Add(r.cfg.UploadTimeout)
+		}
+	}
+	if r.tiered() {
+		// The local save may have finished after the last local scan.
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		done := make(chan []manifest.StepState, 1)
+		go func() {
+			st, _ := r.ver.Scan(ctx, r.cfg.LocalCheckpointDir, scanSteps)
+			done <- st
+		}()
+		select {
+		case st := <-done:
+			if len(st) > 0 {
+				r.localScans = st
+			}
+		case <-ctx.Done():
+		}
+		cancel()
+		r.checkCheckpoint()
+		r.awaitUploads(deadline)
 	}
 	if r.cfg.CheckpointDir != "" {
 		// In a goroutine: a read that hangs (a dead NFS server, a FIFO)
 		// ignores the context, and the agent must still exit on time.
 		ctx, cancel := context.WithDeadline(context.Background(), deadline)
 		done := make(chan []manifest.StepState, 1)
+		// The step about to be reported, looked at once more: the Verifier
+		// re-hashes a rank whose files changed since it verified them (a
+		// writer still writing after the commit, a prune killed halfway).
+		var saved *manifest.StepState
+		reported := r.savedStep
+		if reported == nil && !r.tiered() {
+			reported = r.savedLocal
+		}
+		var reportedStep int64
+		if reported != nil {
+			reportedStep = *reported
+		}
+		// Cheap first (lstat, no hashing): if the reported step's files
+		// changed since they were hashed and the re-hash below does not
+		// finish by the deadline, the step is not reported.
+		unchanged := reported == nil || r.ver.Unchanged(r.cfg.CheckpointDir, reportedStep)
 		go func() {
 			st, _ := r.ver.Scan(ctx, r.cfg.CheckpointDir, scanSteps)
+			if reported != nil && ctx.Err() == nil {
+				if s, err := r.ver.StepState(ctx, r.cfg.CheckpointDir, reportedStep); err == nil {
+					saved = &s
+				}
+			}
 			done <- st
 		}()
 		select {
@@ -608,15 +1075,37 @@ func (r *runner) finish() int {
 			if len(st) > 0 {
 				r.scans = st
 			}
+			if saved != nil && !saved.Consistent() {
+				r.logf("checkpoint-torn", "step", reportedStep, "problems", fmt.Sprintf("%q", strings.Join(saved.Problems, "; ")),
+					"msg", `"the step verified earlier no longer does; not reporting it"`)
+				r.savedStep = nil
+				if !r.tiered() {
+					// Tiered, the local copy stands (UploadPending).
+					r.savedLocal, r.savedLocalIDs = nil, nil
+				}
+			}
 		case <-ctx.Done():
-			r.logf("verification-unfinished", "msg", `"reporting the steps verified so far"`)
+			if unchanged {
+				r.logf("verification-unfinished", "msg", `"reporting the steps verified so far"`)
+				break
+			}
+			r.logf("checkpoint-torn", "step", reportedStep,
+				"msg", `"the step's files changed since they were verified and could not be hashed again in time; not reporting it"`)
+			r.savedStep = nil
+			if !r.tiered() {
+				r.savedLocal, r.savedLocalIDs = nil, nil
+			}
 		}
 		cancel()
 		r.checkCheckpoint()
 	}
 	rep := Report{ExitCode: code, CommandStatus: &code, CheckpointStep: r.savedStep}
+	if r.tiered() && r.savedLocal != nil {
+		rep.LocalStep = r.savedLocal
+		rep.UploadPending = r.savedStep == nil
+	}
 	switch {
-	case r.savedStep != nil:
+	case r.savedLocal != nil:
 		rep.Outcome = OutcomeSaved
 		rep.ExitCode = ExitPreempted
 	case !r.requested:
@@ -640,9 +1129,12 @@ func (r *runner) finish() int {
 	if r.reported != nil {
 		select {
 		case err := <-r.reported:
-			if err != nil {
+			switch {
+			case err != nil:
 				r.logf("report-failed", "error", fmt.Sprintf("%q", err.Error()))
-			} else {
+			case r.savedStep == nil:
+				r.logf("report-stale", "msg", `"a step was reported before it tore; the exit code and report say no checkpoint"`)
+			default:
 				r.logf("step-reported", "step", *r.savedStep)
 			}
 		case <-time.After(time.Until(deadline)):
@@ -651,6 +1143,32 @@ func (r *runner) finish() int {
 	}
 	r.writeReport(rep)
 	return rep.ExitCode
+}
+
+// awaitUploads waits, until deadline, for the uploader to put the saved
+// step (with a request) or every local checkpoint (without) into the
+// shared directory.
+func (r *runner) awaitUploads(deadline time.Time) {
+	done := func() bool {
+		if r.requested {
+			return r.savedLocal == nil || r.savedStep != nil
+		}
+		// A whole pass that began after the command exited: its last
+		// save is included.
+		return r.upload.passDone && r.upload.pending == 0 && r.upload.passStart.After(r.mainExitAt)
+	}
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+	for !done() {
+		select {
+		case up := <-r.uploadCh:
+			r.upload = up
+			r.checkUploaded()
+		case <-timer.C:
+			r.logf("upload-unfinished", "msg", `"the shared directory does not hold every local checkpoint yet; the next start on this node uploads them"`)
+			return
+		}
+	}
 }
 
 // summarize turns scans into the report's consistent steps, the world size
@@ -697,3 +1215,17 @@ func (r *runner) writeReport(rep Report) {
 
 // maxReportBytes is the kubelet's termination message limit.
 const maxReportBytes = 4096
+
+// EnvJobID names the job (<namespace>:<Kind>.<group>:<name> of the top
+// job, set by the pod webhook: stable across delete-and-reapply) in the
+// manifests the helper writes; the agent ignores steps of another job when
+// both are known.
+const EnvJobID = "GPUPACK_JOB_ID"
+
+func jobID() string {
+	j := strings.TrimSpace(os.Getenv(EnvJobID))
+	if manifest.ValidateRunID(j) != nil {
+		return ""
+	}
+	return j
+}

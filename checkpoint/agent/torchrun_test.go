@@ -67,12 +67,19 @@ func freePort(t *testing.T) int {
 type ddpRun struct {
 	py, dir, ckdir, losses string
 	save                   string // pt or dcp
+	local                  string // tiered: the node-local directory ("" none)
 }
 
 func newDDPRun(t *testing.T, save string) *ddpRun {
 	dir := t.TempDir()
-	return &ddpRun{py: torchPython(t), dir: dir, ckdir: filepath.Join(dir, "ckpt"), losses: filepath.Join(dir, "losses"), save: save}
+	d := &ddpRun{py: torchPython(t), dir: dir, ckdir: filepath.Join(dir, "ckpt"), losses: filepath.Join(dir, "losses"), save: save}
+	if newDDPRunHook != nil {
+		newDDPRunHook(d)
+	}
+	return d
 }
+
+var newDDPRunHook func(*ddpRun)
 
 // torchrun is the command line of a 2-rank job.
 func (d *ddpRun) torchrun(t *testing.T, ckdir, losses string, total, saveEvery int, stepTime string) []string {
@@ -87,16 +94,29 @@ func (d *ddpRun) torchrun(t *testing.T, ckdir, losses string, total, saveEvery i
 		"--step-time", stepTime, "--save", d.save}
 }
 
+// withLocal adds the tiered checkpoint's local directory to a command
+// line (of the trainer) or to the agent's flags.
+func (d *ddpRun) withLocal(args []string, flag string) []string {
+	if d.local == "" {
+		return args
+	}
+	return append(args, flag, d.local)
+}
+
 // lossLog is what the trainer's ranks wrote.
 type lossLog struct {
 	loss    map[int]map[int]float64 // rank → step → loss
 	saved   map[int][]int
 	resumed map[int][]int
+	saving  map[int][]int // --stop-save-time: the slow save began
+	workers map[int][]int // --stop-save-time: DataLoader workers alive at its end
+	started map[int][]int // pids of the rank's processes, written before torch is imported
 }
 
 func readLosses(t *testing.T, path string) lossLog {
 	t.Helper()
-	l := lossLog{loss: map[int]map[int]float64{}, saved: map[int][]int{}, resumed: map[int][]int{}}
+	l := lossLog{loss: map[int]map[int]float64{}, saved: map[int][]int{}, resumed: map[int][]int{},
+		saving: map[int][]int{}, workers: map[int][]int{}, started: map[int][]int{}}
 	f, err := os.Open(path)
 	if os.IsNotExist(err) {
 		return l
@@ -121,6 +141,12 @@ func readLosses(t *testing.T, path string) lossLog {
 			l.saved[rank] = append(l.saved[rank], n)
 		case fs[1] == "resumed" && err == nil:
 			l.resumed[rank] = append(l.resumed[rank], n)
+		case fs[1] == "saving" && err == nil:
+			l.saving[rank] = append(l.saving[rank], n)
+		case fs[1] == "workers" && err == nil:
+			l.workers[rank] = append(l.workers[rank], n)
+		case fs[1] == "started" && err == nil:
+			l.started[rank] = append(l.started[rank], n)
 		default:
 			step, err1 := strconv.Atoi(fs[1])
 			v, err2 := strconv.ParseFloat(fs[2], 64)
@@ -215,24 +241,13 @@ func e2eFlags(ckdir, tlog string) []string {
 func preemptAndResume(t *testing.T, save string, wrap func([]string) []string) {
 	d := newDDPRun(t, save)
 	tlog := filepath.Join(d.dir, "termination-log")
-	job := d.torchrun(t, d.ckdir, d.losses, 100000, 4, "0.02")
-	c := startContainer(t, e2eFlags(d.ckdir, tlog), nil, wrap(job)...)
+	job := d.withLocal(d.torchrun(t, d.ckdir, d.losses, 100000, 4, "0.02"), "--local-dir")
+	c := startContainer(t, d.withLocal(e2eFlags(d.ckdir, tlog), "--local-checkpoint-dir"), nil, wrap(job)...)
 
 	// Preempt in the middle of training, after a periodic checkpoint.
-	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		l := readLosses(t, d.losses)
-		if len(l.saved[0]) > 0 && len(l.saved[1]) > 0 && len(l.loss[0]) > 5 && len(l.loss[1]) > 5 {
-			break
-		}
-		select {
-		case <-c.done:
-			t.Fatalf("job ended (%d) before it was preempted; log:\n%s", c.code, c.stderr)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("job did not train and save in 60s; log:\n%s", c.stderr)
-		}
-	}
+	c.waitTraining(t, d.losses, "train and save", func(l lossLog) bool {
+		return len(l.saved[0]) > 0 && len(l.saved[1]) > 0 && len(l.loss[0]) > 5 && len(l.loss[1]) > 5
+	})
 	t0 := time.Now()
 	if err := syscall.Kill(c.agentPid, syscall.SIGTERM); err != nil {
 		t.Fatal(err)
@@ -257,7 +272,7 @@ func preemptAndResume(t *testing.T, save string, wrap func([]string) []string) {
 	}
 	step := int64(s0[len(s0)-1])
 	rep := readReport(t, tlog)
-	if rep.Outcome != OutcomeSaved || rep.CheckpointStep == nil || *rep.CheckpointStep != step || rep.WorldSize != 2 {
+	if rep.Outcome != OutcomeSaved || rep.CheckpointStep == nil || *rep.CheckpointStep != step || rep.WorldSize != 2 || rep.UploadPending {
 		t.Fatalf("report %+v, want outcome %s at step %d of 2 ranks", rep, OutcomeSaved, step)
 	}
 	for _, r := range []string{"0", "1"} {
@@ -269,6 +284,18 @@ func preemptAndResume(t *testing.T, save string, wrap func([]string) []string) {
 	if err != nil || !ok || g.Step != step {
 		t.Fatalf("LatestConsistent = %+v, %v, %v; want step %d", g, ok, err, step)
 	}
+	if d.local != "" {
+		for r, cp := range g.Ranks {
+			if cp.Manifest.Tier != manifest.TierShared {
+				t.Errorf("rank %d of step %d in the shared directory: tier %q, want %q (uploaded by the agent)", r, step, cp.Manifest.Tier, manifest.TierShared)
+			}
+		}
+		if rep.LocalStep == nil || *rep.LocalStep != step {
+			t.Errorf("report localStep %v, want %d", rep.LocalStep, step)
+		}
+		// The restart runs on another node: its local directory is empty.
+		d.local = filepath.Join(d.dir, "local-of-another-node")
+	}
 
 	want := reference(t, d)
 	if _, ok := want.loss[0][int(step)+1]; !ok {
@@ -277,8 +304,8 @@ func preemptAndResume(t *testing.T, save string, wrap func([]string) []string) {
 
 	// The restart: a stale GPUPACK_RESUME_STEP must not win over the disk.
 	rlog := filepath.Join(d.dir, "restart-termination-log")
-	rc := startContainer(t, e2eFlags(d.ckdir, rlog), []string{"GPUPACK_RESUME_STEP=1"},
-		wrap(d.torchrun(t, d.ckdir, d.losses+".restart", int(step)+2, 1000000, "0"))...)
+	rc := startContainer(t, d.withLocal(e2eFlags(d.ckdir, rlog), "--local-checkpoint-dir"), []string{"GPUPACK_RESUME_STEP=1"},
+		wrap(d.withLocal(d.torchrun(t, d.ckdir, d.losses+".restart", int(step)+2, 1000000, "0"), "--local-dir"))...)
 	rc.wait(t, 120*time.Second)
 	if rc.code != 0 {
 		t.Fatalf("restart exit %d, want 0 (trained to the end, no request); log:\n%s", rc.code, rc.stderr)
@@ -334,6 +361,25 @@ func reference(t *testing.T, d *ddpRun) lossLog {
 	return refLoss
 }
 
+// waitTraining polls the job's loss log until ready says it has got far
+// enough to be preempted; the job ending first, or 60 s, fails the test.
+func (c *container) waitTraining(t *testing.T, losses, what string, ready func(lossLog) bool) {
+	t.Helper()
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if ready(readLosses(t, losses)) {
+			return
+		}
+		select {
+		case <-c.done:
+			t.Fatalf("job ended (%d) before it was preempted; log:\n%s", c.code, c.stderr)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("job did not %s in 60s; log:\n%s", what, c.stderr)
+		}
+	}
+}
+
 func TestTorchrunPreemptedUnderPID1(t *testing.T) {
 	preemptAndResume(t, "pt", func(c []string) []string { return c })
 }
@@ -369,8 +415,72 @@ func TestTorchrunInBashWrapper(t *testing.T) {
 	})
 }
 
+// Tiered: every rank saves to a node-local directory first; the agent
+// uploads to the shared one, reports the step once it is there, and the
+// restart on another node (an empty local directory) resumes from it.
+func TestTorchrunTieredCheckpoint(t *testing.T) {
+	preemptAndResumeTiered(t)
+}
+
+func preemptAndResumeTiered(t *testing.T) {
+	orig := newDDPRunHook
+	newDDPRunHook = func(d *ddpRun) { d.local = filepath.Join(d.dir, "local") }
+	defer func() { newDDPRunHook = orig }()
+	preemptAndResume(t, "pt", func(c []string) []string { return c })
+}
+
 func TestTorchrunDCPSave(t *testing.T) {
 	preemptAndResume(t, "dcp", func(c []string) []string { return c })
+}
+
+// The save after the request outlasts the checkpoint timeout (a big model):
+// the agent's SIGTERM step at T0 + timeout must not kill the ranks'
+// DataLoader workers (their death makes the rank's DataLoader raise in the
+// middle of the save) nor go to torchrun (which forwards it and SIGKILLs
+// its workers 30 s later); the ranks finish the save, the agent reports it
+// and everything ends before the grace period.
+func TestTorchrunSlowSaveOutlastsTheTimeout(t *testing.T) {
+	d := newDDPRun(t, "pt")
+	tlog := filepath.Join(d.dir, "termination-log")
+	const timeout, saveTime = 2 * time.Second, 6 * time.Second
+	flags := []string{"--checkpoint-dir", d.ckdir, "--checkpoint-timeout", timeout.String(), "--grace", e2eGrace.String(),
+		"--kill-margin", "2s", "--annotations-file", "", "--termination-log", tlog, "--poll", "50ms"}
+	job := append(d.torchrun(t, d.ckdir, d.losses, 100000, 1000000, "0.02"), "--stop-save-time", "6")
+	c := startContainer(t, flags, nil, job...)
+	c.waitTraining(t, d.losses, "train", func(l lossLog) bool { return len(l.loss[0]) > 5 && len(l.loss[1]) > 5 })
+	t0 := time.Now()
+	if err := syscall.Kill(c.agentPid, syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	c.wait(t, e2eGrace+5*time.Second)
+	took := c.exitAt.Sub(t0)
+	t.Logf("SIGTERM to agent exit: %v (timeout %v, save %v)", took.Round(time.Millisecond), timeout, saveTime)
+	l := readLosses(t, d.losses)
+	if testing.Verbose() {
+		t.Logf("agent log:\n%s", c.stderr)
+	}
+	if c.code != ExitPreempted {
+		t.Fatalf("exit %d, want %d; saving %v, saved %v, workers alive %v; log:\n%s", c.code, ExitPreempted, l.saving, l.saved, l.workers, c.stderr)
+	}
+	if took >= e2eGrace-2*time.Second {
+		t.Errorf("the job took %v to stop, past the kill deadline", took)
+	}
+	for r := 0; r < 2; r++ {
+		if len(l.saving[r]) != 1 || len(l.saved[r]) != 1 || l.saved[r][0] != l.saving[0][0] {
+			t.Errorf("rank %d: slow save began %v, saved %v; want one save of step %v on every rank", r, l.saving[r], l.saved[r], l.saving[0])
+		}
+		if len(l.workers[r]) != 1 || l.workers[r][0] != 2 {
+			t.Errorf("rank %d: DataLoader workers alive at the end of the save %v, want [2]", r, l.workers[r])
+		}
+	}
+	rep := readReport(t, tlog)
+	if rep.Outcome != OutcomeSaved || rep.CheckpointStep == nil || len(l.saved[0]) == 0 || *rep.CheckpointStep != int64(l.saved[0][0]) {
+		t.Fatalf("report %+v, want %s at step %v", rep, OutcomeSaved, l.saved[0])
+	}
+	// torchrun was never signalled: it saw its ranks exit 0 and exited 0.
+	if rep.CommandStatus == nil || *rep.CommandStatus != 0 {
+		t.Errorf("torchrun's status %v, want 0 (it left on its own once its ranks had); log:\n%s", rep.CommandStatus, c.stderr)
+	}
 }
 
 // TestTorchrunTimings measures (does not assert) what docs/bench/preemption.md
@@ -426,4 +536,46 @@ func grepField(log, key string) string {
 		}
 	}
 	return key + "?"
+}
+
+// torchrun --max_restarts restarts workers that die of a signal. A rank
+// still exiting after its save (here it lingers 6 s with SIGTERM at its
+// default, as the interpreter's shutdown does) got the agent's SIGTERM at
+// the end of --exit-wait and died of it, and torchrun started a new worker
+// group into the finished job. After the request's checkpoint verified the
+// SIGTERM goes to torchrun instead, which stops its workers and ends: every
+// rank starts once.
+func TestTorchrunMaxRestartsDoesNotRestartAPreemptedJob(t *testing.T) {
+	d := newDDPRun(t, "pt")
+	tlog := filepath.Join(d.dir, "termination-log")
+	job := d.torchrun(t, d.ckdir, d.losses, 100000, 1000000, "0.02")
+	job = append(append(append([]string{}, job[:4]...), "--max_restarts=2"), job[4:]...)
+	job = append(job, "--exit-linger", "6")
+	// A poll of 1 s gives a restarted worker time to say it started
+	// before the agent's next SIGTERM step reaches it.
+	flags := append(e2eFlags(d.ckdir, tlog), "--exit-wait", "1s", "--poll", "1s")
+	c := startContainer(t, flags, nil, job...)
+	c.waitTraining(t, d.losses, "train", func(l lossLog) bool { return len(l.loss[0]) > 5 && len(l.loss[1]) > 5 })
+	if err := syscall.Kill(c.agentPid, syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	c.wait(t, e2eGrace+5*time.Second)
+	l := readLosses(t, d.losses)
+	if testing.Verbose() {
+		t.Logf("agent log:\n%s", c.stderr)
+	}
+	if c.code != ExitPreempted {
+		t.Fatalf("exit %d, want %d; log:\n%s", c.code, ExitPreempted, c.stderr)
+	}
+	for r := 0; r < 2; r++ {
+		if len(l.started[r]) != 1 || len(l.resumed[r]) != 1 {
+			t.Errorf("rank %d started as pids %v (resumed %v), want once: torchrun restarted the preempted job; log:\n%s", r, l.started[r], l.resumed[r], c.stderr)
+		}
+		if len(l.saved[r]) != 1 {
+			t.Errorf("rank %d saved %v, want one save", r, l.saved[r])
+		}
+	}
+	if rep := readReport(t, tlog); rep.Outcome != OutcomeSaved || rep.CheckpointStep == nil {
+		t.Errorf("report %+v, want %s", rep, OutcomeSaved)
+	}
 }

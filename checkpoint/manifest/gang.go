@@ -58,6 +58,9 @@ func ParseRankDirName(name string) (int, bool) {
 type Gang struct {
 	Step      int64
 	WorldSize int
+	// RunID is the run every rank's manifest names ("" for manifests
+	// written without one).
+	RunID string
 	// Ranks[r] is rank r's verified checkpoint.
 	Ranks []Checkpoint
 }
@@ -77,11 +80,34 @@ type StepState struct {
 	// WorldSize is the worldSize the rank manifests name (1 for the
 	// single-rank layout; 0 when no manifest could be read).
 	WorldSize int
+	// RunID is the runId the verified rank manifests name (when they agree).
+	RunID string
 	// Verified are the ranks whose manifest and files verified.
 	Verified map[int]Checkpoint
 	// Problems says why the step is not consistent (missing or damaged
 	// ranks, disagreeing world sizes); empty when it is.
 	Problems []string
+	// Broken counts rank directories that failed verification (damaged,
+	// symlinked), as opposed to ranks that are simply absent.
+	Broken int
+}
+
+// LocalComplete reports whether this step, read in a node-local directory
+// of a tiered checkpoint, holds its pod's whole part: every rank manifest
+// verifies, all name the same localWorldSize L and runId, and there are L.
+func (s StepState) LocalComplete() bool {
+	if s.Broken > 0 || len(s.Verified) == 0 {
+		return false
+	}
+	l, run := -1, ""
+	for _, cp := range s.Verified {
+		m := cp.Manifest
+		if m.LocalWorldSize == nil || (l >= 0 && (*m.LocalWorldSize != l || m.RunID != run)) {
+			return false
+		}
+		l, run = *m.LocalWorldSize, m.RunID
+	}
+	return len(s.Verified) == l
 }
 
 // Consistent reports whether every rank of the step verified.
@@ -94,7 +120,7 @@ func (s StepState) Gang() (Gang, bool) {
 	if !s.Consistent() {
 		return Gang{}, false
 	}
-	g := Gang{Step: s.Step, WorldSize: s.WorldSize, Ranks: make([]Checkpoint, s.WorldSize)}
+	g := Gang{Step: s.Step, WorldSize: s.WorldSize, RunID: s.RunID, Ranks: make([]Checkpoint, s.WorldSize)}
 	for r, cp := range s.Verified {
 		g.Ranks[r] = cp
 	}
@@ -116,6 +142,7 @@ func (v *Verifier) StepState(ctx context.Context, dir string, step int64) (StepS
 			st.Problems = append(st.Problems, err.Error())
 		} else {
 			st.Verified[0] = cp
+			st.RunID = cp.Manifest.RunID
 		}
 		return st, nil
 	}
@@ -124,10 +151,20 @@ func (v *Verifier) StepState(ctx context.Context, dir string, step int64) (StepS
 		st.Problems = append(st.Problems, err.Error())
 		return st, nil
 	}
-	worlds := map[int]bool{}
+	found, problems := map[int]Checkpoint{}, map[int]string{}
 	for _, e := range ents {
 		r, ok := ParseRankDirName(e.Name())
-		if !ok || !e.IsDir() {
+		if !ok {
+			continue
+		}
+		if e.Type()&os.ModeSymlink != 0 {
+			// The Python helper refuses it too: a linked rank directory
+			// may hold another step's or another job's shard.
+			problems[r] = fmt.Sprintf("%s: %s is a symlink", sd, e.Name())
+			st.Broken++
+			continue
+		}
+		if !e.IsDir() {
 			continue
 		}
 		cp, err := v.VerifyContext(ctx, filepath.Join(sd, e.Name()))
@@ -135,40 +172,60 @@ func (v *Verifier) StepState(ctx context.Context, dir string, step int64) (StepS
 			return st, ctx.Err()
 		}
 		if err != nil {
-			st.Problems = append(st.Problems, err.Error())
+			problems[r] = err.Error()
+			st.Broken++
 			continue
 		}
-		st.Verified[r] = cp
-		worlds[*cp.Manifest.WorldSize] = true
+		if j := cp.Manifest.JobID; v.JobID != "" && j != "" && j != v.JobID {
+			problems[r] = fmt.Sprintf("%s: rank %d belongs to another job (jobId %q)", sd, r, j)
+			continue
+		}
+		found[r] = cp
 	}
-	switch len(worlds) {
-	case 0:
+	// The step's world size and run are rank 0's: ranks 0..worldSize-1
+	// must all name them, and rank directories at or above that world size
+	// are an older, larger run's leftovers (the job shrank) that no rank of
+	// this world writes, so they are ignored rather than making a complete
+	// save of the new run inconsistent forever. No mix of runs, jobs or world
+	// sizes is ever consistent: the ranks counted are exactly 0..w-1.
+	anchor, ok := found[0]
+	if !ok {
+		rs := make([]int, 0, len(problems))
+		for r := range problems {
+			rs = append(rs, r)
+		}
+		sort.Ints(rs)
+		for _, r := range rs {
+			st.Problems = append(st.Problems, problems[r])
+		}
 		if len(st.Problems) == 0 {
-			st.Problems = append(st.Problems, sd+": no rank has a verified manifest")
+			st.Problems = append(st.Problems, sd+": rank 0 has no verified manifest")
 		}
-		return st, nil
-	case 1:
-		for w := range worlds {
-			st.WorldSize = w
-		}
-	default:
-		ws := make([]int, 0, len(worlds))
-		for w := range worlds {
-			ws = append(ws, w)
-		}
-		sort.Ints(ws)
-		st.Problems = append(st.Problems, fmt.Sprintf("%s: ranks disagree on worldSize %v", sd, ws))
-		for w := range worlds {
-			st.WorldSize = max(st.WorldSize, w)
+		for r, cp := range found {
+			st.Verified[r] = cp
+			st.WorldSize = max(st.WorldSize, *cp.Manifest.WorldSize)
 		}
 		return st, nil
 	}
-	for r := 0; r < st.WorldSize; r++ {
-		if _, ok := st.Verified[r]; !ok {
-			st.Problems = append(st.Problems, fmt.Sprintf("%s: rank %d of %d has no verified manifest", sd, r, st.WorldSize))
-			if len(st.Problems) > 8 {
-				break
+	st.WorldSize, st.RunID = *anchor.Manifest.WorldSize, anchor.Manifest.RunID
+	for r := 0; r < st.WorldSize && len(st.Problems) <= 8; r++ {
+		cp, ok := found[r]
+		if !ok {
+			p := problems[r]
+			if p == "" {
+				p = fmt.Sprintf("%s: rank %d of %d has no verified manifest", sd, r, st.WorldSize)
 			}
+			st.Problems = append(st.Problems, p)
+			continue
+		}
+		st.Verified[r] = cp // its own shard checks out; whether it fits the step:
+		switch m := cp.Manifest; {
+		case *m.WorldSize != st.WorldSize:
+			st.Problems = append(st.Problems, fmt.Sprintf("%s: ranks disagree on worldSize [%d, %d] (rank 0 and rank %d)", sd, st.WorldSize, *m.WorldSize, r))
+		case m.RunID != st.RunID:
+			st.Problems = append(st.Problems, fmt.Sprintf("%s: ranks come from different runs (runId %q, %q: rank 0 and rank %d)", sd, st.RunID, m.RunID, r))
+		case m.JobID != anchor.Manifest.JobID:
+			st.Problems = append(st.Problems, fmt.Sprintf("%s: ranks come from different jobs (jobId %q, %q: rank 0 and rank %d)", sd, anchor.Manifest.JobID, m.JobID, r))
 		}
 	}
 	return st, nil
@@ -262,5 +319,40 @@ func SaveRank(dir string, step int64, rank, worldSize int, files map[string]Writ
 	if worldSize < 1 || worldSize > MaxWorldSize || rank < 0 || rank >= worldSize {
 		return Checkpoint{}, fmt.Errorf("save: rank %d / worldSize %d out of range", rank, worldSize)
 	}
-	return saveDir(dir, step, &rank, &worldSize, files, nowFunc())
+	return saveDir(dir, step, &RankInfo{Rank: rank, WorldSize: worldSize}, files, nowFunc())
+}
+
+// RankInfo is what a rank manifest says about its writer.
+type RankInfo struct {
+	Rank, WorldSize int
+	RunID, JobID    string
+	Tier, Node      string
+	LocalWorldSize  int // 0: not recorded
+}
+
+// SaveRankRun is SaveRank with the run id (Manifest.RunID) recorded.
+func SaveRankRun(dir string, step int64, rank, worldSize int, runID string, files map[string]WriteFunc) (Checkpoint, error) {
+	if err := ValidateRunID(runID); err != nil {
+		return Checkpoint{}, fmt.Errorf("save: %w", err)
+	}
+	return SaveRankWith(dir, step, RankInfo{Rank: rank, WorldSize: worldSize, RunID: runID}, files)
+}
+
+// SaveRankWith is SaveRank with every field of RankInfo recorded.
+//
+// A rank save (SaveRank, SaveRankRun, SaveRankWith) of a step that is
+// already consistent under another runId is a no-op returning the existing
+// rank checkpoint: replacing one rank would mix two runs in the step and
+// make it non-consistent (a restart re-saving the step it resumed from,
+// then killed before its other ranks saved, would lose it).
+func SaveRankWith(dir string, step int64, info RankInfo, files map[string]WriteFunc) (Checkpoint, error) {
+	if info.WorldSize < 1 || info.WorldSize > MaxWorldSize || info.Rank < 0 || info.Rank >= info.WorldSize {
+		return Checkpoint{}, fmt.Errorf("save: rank %d / worldSize %d out of range", info.Rank, info.WorldSize)
+	}
+	if info.RunID != "" {
+		if err := ValidateRunID(info.RunID); err != nil {
+			return Checkpoint{}, fmt.Errorf("save: %w", err)
+		}
+	}
+	return saveDir(dir, step, &info, files, nowFunc())
 }

@@ -98,7 +98,7 @@ func TestVerifyStopsWithItsContext(t *testing.T) {
 }
 
 func TestParseRankFields(t *testing.T) {
-	base := `{"version":1,"step":1,"files":[],"savedAt":"2026-01-01T00:00:00Z"`
+	base := `{"version":1,"step":1,"files":[{"path":"m","size":1,"sha256":"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"}],"savedAt":"2026-01-01T00:00:00Z"`
 	for _, bad := range []string{
 		base + `,"rank":0}`, base + `,"worldSize":2}`, base + `,"rank":2,"worldSize":2}`,
 		base + `,"rank":-1,"worldSize":2}`, base + `,"rank":0,"worldSize":0}`,

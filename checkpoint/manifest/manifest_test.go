@@ -248,6 +248,8 @@ func TestStepDirName(t *testing.T) {
 func FuzzParse(f *testing.F) {
 	f.Add([]byte(`{"version":1,"step":3,"files":[],"savedAt":"2026-11-30T05:00:00Z"}`))
 	f.Add([]byte(`{"version":1,"step":3,"files":[{"path":"a/b","size":0,"sha256":"` + strings.Repeat("0", 64) + `"}],"savedAt":"2026-11-30T05:00:00.5Z"}`))
+	f.Add([]byte(`{"version":1,"step":3,"files":[],"savedAt":"2026-11-30T05:00:00Z","rank":1,"worldSize":2,"runId":"r:1","tier":"local","node":"n","localWorldSize":2}`))
+	f.Add([]byte(`{"version":1,"step":3,"files":[],"savedAt":"2026-11-30T05:00:00Z","rank":null,"worldSize":null,"runId":null,"tier":""}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := Parse(b)
 		if err != nil {
@@ -261,6 +263,12 @@ func FuzzParse(f *testing.F) {
 		}
 		if m.Step < 0 || m.Step > MaxStep {
 			t.Fatalf("Parse accepted step %d", m.Step)
+		}
+		if m.RunID != "" && ValidateRunID(m.RunID) != nil {
+			t.Fatalf("Parse accepted runId %q", m.RunID)
+		}
+		if m.LocalWorldSize != nil && (m.WorldSize == nil || *m.LocalWorldSize < 1 || *m.LocalWorldSize > *m.WorldSize) {
+			t.Fatalf("Parse accepted localWorldSize %d", *m.LocalWorldSize)
 		}
 	})
 }

@@ -1,6 +1,7 @@
 package manifest
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -10,7 +11,10 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // WriteFunc writes the content of one checkpoint file.
@@ -26,7 +30,7 @@ func Bytes(b []byte) WriteFunc {
 // into place and the parent fsynced. A crash at any moment leaves either the
 // previous checkpoints alone or the new one complete.
 //
-// Saving a step that already exists replaces it; for the instant between
+// Saving a step that already exists replaces it (but see SaveRankWith); for the instant between
 // the two renames that step is absent (older steps are still there), never
 // torn.
 func Save(dir string, step int64, files map[string]WriteFunc) (Checkpoint, error) {
@@ -37,13 +41,19 @@ var nowFunc = time.Now
 
 // SaveAt is Save with the manifest's savedAt given (tests).
 func SaveAt(dir string, step int64, files map[string]WriteFunc, now time.Time) (Checkpoint, error) {
-	return saveDir(dir, step, nil, nil, files, now)
+	return saveDir(dir, step, nil, files, now)
 }
 
 // saveDir writes <dir>/step-<N> (rank nil) or <dir>/step-<N>/rank-<r>.
-func saveDir(dir string, step int64, rank, worldSize *int, files map[string]WriteFunc, now time.Time) (Checkpoint, error) {
+func saveDir(dir string, step int64, info *RankInfo, files map[string]WriteFunc, now time.Time) (Checkpoint, error) {
 	if step < 0 || step > MaxStep {
 		return Checkpoint{}, fmt.Errorf("save: step %d out of range [0, %d]", step, int64(MaxStep))
+	}
+	if len(files) == 0 {
+		// Named consistent, an empty checkpoint would be resumed from and
+		// the trainer crash-loop on it; Parse refuses a manifest listing no
+		// files (the Python helper refuses both too).
+		return Checkpoint{}, errors.New("save: no files: refusing to commit an empty checkpoint")
 	}
 	names := make([]string, 0, len(files))
 	for name := range files {
@@ -54,13 +64,13 @@ func saveDir(dir string, step int64, rank, worldSize *int, files map[string]Writ
 	}
 	sort.Strings(names)
 	parent, prefix, finalName := dir, TempPrefix+StepDirName(step)+"-", StepDirName(step)
-	if rank != nil {
-		parent, prefix, finalName = filepath.Join(dir, StepDirName(step)), TempPrefix+RankDirName(*rank)+"-", RankDirName(*rank)
+	if info != nil {
+		parent, prefix, finalName = filepath.Join(dir, StepDirName(step)), TempPrefix+RankDirName(info.Rank)+"-", RankDirName(info.Rank)
 	}
 	if err := os.MkdirAll(parent, 0o755); err != nil {
 		return Checkpoint{}, fmt.Errorf("save: %w", err)
 	}
-	if rank != nil {
+	if info != nil {
 		// The step directory may be new: make its entry durable too.
 		if err := syncDir(dir); err != nil {
 			return Checkpoint{}, fmt.Errorf("save: %w", err)
@@ -77,7 +87,16 @@ func saveDir(dir string, step int64, rank, worldSize *int, files map[string]Writ
 		}
 	}()
 
-	m := Manifest{Version: Version, Step: step, Files: make([]File, 0, len(names)), Rank: rank, WorldSize: worldSize}
+	m := Manifest{Version: Version, Step: step, Files: make([]File, 0, len(names))}
+	if info != nil {
+		rank, world := info.Rank, info.WorldSize
+		m.Rank, m.WorldSize, m.RunID, m.Tier, m.Node = &rank, &world, info.RunID, info.Tier, info.Node
+		m.JobID = info.JobID
+		if info.LocalWorldSize > 0 {
+			lws := info.LocalWorldSize
+			m.LocalWorldSize = &lws
+		}
+	}
 	syncDirs := map[string]bool{tmp: true}
 	for _, name := range names {
 		p := filepath.Join(tmp, filepath.FromSlash(name))
@@ -111,19 +130,28 @@ func saveDir(dir string, step int64, rank, worldSize *int, files map[string]Writ
 	}
 
 	final := filepath.Join(parent, finalName)
-	if err := os.Rename(tmp, final); err != nil {
-		// The step exists: move it aside first (rename cannot replace a
-		// non-empty directory), then put the new one in its place.
-		if _, statErr := os.Stat(final); statErr != nil {
+	if info != nil {
+		if err := OtherJob(final, info.JobID); err != nil {
 			return Checkpoint{}, fmt.Errorf("save: %w", err)
 		}
-		old := tmp + ".old"
-		if err := os.Rename(final, old); err != nil {
-			return Checkpoint{}, fmt.Errorf("save: move old step aside: %w", err)
+		if _, err := os.Lstat(final); err == nil {
+			// A later run re-saving a step an earlier run completed (it
+			// resumed from it): swapping this one rank would leave the step
+			// mixing two runs, not consistent, and Prune(keep=1) may have
+			// removed every older step. Keep the existing step: a no-op.
+			st, err := (&Verifier{}).StepState(context.Background(), dir, step)
+			if err == nil && st.Consistent() && st.RunID != info.RunID {
+				if cp, ok := st.Verified[info.Rank]; ok {
+					return cp, nil
+				}
+			}
 		}
-		if err := os.Rename(tmp, final); err != nil {
-			return Checkpoint{}, fmt.Errorf("save: %w", err)
-		}
+	}
+	old, err := replaceDir(tmp, final)
+	if err != nil {
+		return Checkpoint{}, fmt.Errorf("save: %w", err)
+	}
+	if old != "" {
 		defer os.RemoveAll(old)
 	}
 	done = true
@@ -132,6 +160,46 @@ func saveDir(dir string, step int64, rank, worldSize *int, files map[string]Writ
 	}
 	sum := sha256.Sum256(raw)
 	return Checkpoint{Dir: final, Manifest: m, ID: hex.EncodeToString(sum[:])}, nil
+}
+
+// Seams for the crash tests: every rename of a save goes through them.
+var (
+	rename   = os.Rename
+	exchange = func(a, b string) error {
+		return unix.Renameat2(unix.AT_FDCWD, a, unix.AT_FDCWD, b, unix.RENAME_EXCHANGE)
+	}
+)
+
+// replaceDir puts the complete directory tmp at final. When final exists
+// (a re-save of the same step or rank), the two are swapped in one
+// renameat2(RENAME_EXCHANGE), so at every instant final is either the old
+// checkpoint or the new one, also across a crash; the old one is then at
+// tmp, returned for removal. On a file system without RENAME_EXCHANGE the
+// old one is moved aside first and final is absent (never torn) for the
+// instant between the two renames.
+func replaceDir(tmp, final string) (old string, err error) {
+	err = rename(tmp, final)
+	if err == nil {
+		return "", nil
+	}
+	if _, statErr := os.Lstat(final); statErr != nil {
+		return "", err
+	}
+	err = exchange(tmp, final)
+	if err == nil {
+		return tmp, nil
+	}
+	if !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOSYS) && !errors.Is(err, unix.EOPNOTSUPP) {
+		return "", fmt.Errorf("swap in the new checkpoint: %w", err)
+	}
+	old = tmp + ".old"
+	if err := rename(final, old); err != nil {
+		return "", fmt.Errorf("move the old checkpoint aside: %w", err)
+	}
+	if err := rename(tmp, final); err != nil {
+		return "", err
+	}
+	return old, nil
 }
 
 func writeFile(p, name string, write WriteFunc) (File, error) {
@@ -177,37 +245,69 @@ func syncDir(d string) error {
 	return err
 }
 
-// Prune removes all but the newest keep verified steps, and leftover
-// temporary directories of saves that are not running any more (older than
-// minAge). It never removes the newest verified step.
+// Prune removes every step older than the newest keep gang-consistent
+// steps (both layouts: a step-<N> with its own manifest is a gang of one,
+// a step-<N>/rank-<r>/… one is consistent when every rank verifies), and
+// leftover temporary directories of saves that are not running any more
+// (older than minAge), under dir and inside the kept step directories. It
+// never removes the newest consistent step, nor any step newer than the
+// oldest one kept (a save in progress, a torn step a restart may still
+// complete); without a consistent step it removes no step at all.
 func Prune(dir string, keep int, minAge time.Duration) error {
+	return PruneContext(context.Background(), dir, keep, minAge)
+}
+
+// PruneContext is Prune with a context bounding the verification.
+func PruneContext(ctx context.Context, dir string, keep int, minAge time.Duration) error {
 	if keep < 1 {
 		keep = 1
 	}
-	v := &Verifier{}
-	cps, err := v.Verified(dir, keep)
+	steps, err := Steps(dir)
 	if err != nil {
 		return err
 	}
-	if len(cps) == 0 {
+	v := &Verifier{}
+	var kept []int64
+	for _, s := range steps {
+		st, err := v.StepState(ctx, dir, s)
+		if err != nil {
+			return err
+		}
+		if st.Consistent() {
+			kept = append(kept, s)
+			if len(kept) == keep {
+				break
+			}
+		}
+	}
+	if len(kept) == 0 {
 		return nil
 	}
-	oldest := cps[len(cps)-1].Manifest.Step
+	oldest := kept[len(kept)-1]
+	var errs []error
+	for _, s := range steps {
+		if s < oldest {
+			errs = append(errs, os.RemoveAll(filepath.Join(dir, StepDirName(s))))
+			continue
+		}
+		errs = append(errs, removeStaleTemps(filepath.Join(dir, StepDirName(s)), minAge))
+	}
+	errs = append(errs, removeStaleTemps(dir, minAge))
+	return errors.Join(errs...)
+}
+
+func removeStaleTemps(dir string, minAge time.Duration) error {
 	ents, err := os.ReadDir(dir)
 	if err != nil {
-		return err
+		return nil // gone meanwhile, or a step being created
 	}
 	var errs []error
 	for _, e := range ents {
-		p := filepath.Join(dir, e.Name())
-		if s, ok := ParseStepDirName(e.Name()); ok && s < oldest {
-			errs = append(errs, os.RemoveAll(p))
+		if !strings.HasPrefix(e.Name(), TempPrefix) {
 			continue
 		}
-		if len(e.Name()) > len(TempPrefix) && e.Name()[:len(TempPrefix)] == TempPrefix {
-			if info, err := e.Info(); err == nil && time.Since(info.ModTime()) >= minAge {
-				errs = append(errs, os.RemoveAll(p))
-			}
+		if info, err := e.Info(); err == nil && time.Since(info.ModTime()) >= minAge {
+			errs = append(errs, os.RemoveAll(filepath.Join(dir, e.Name())))
 		}
 	}
 	return errors.Join(errs...)

@@ -20,23 +20,32 @@ the same one)::
 
     <dir>/step-<12 digits>/rank-<r>/<files...>
     <dir>/step-<12 digits>/rank-<r>/gpupack-manifest.json  (version, step, rank,
-                                                           worldSize, files, savedAt)
+                                                           worldSize, files, savedAt,
+                                                           runId, [tier, node,
+                                                           localWorldSize])
     <dir>/step-<12 digits>/.tmp-rank-<r>-...               (a rank's save in progress)
 
 A rank writes only its own directory: into a temporary directory that is
 fsynced, hashed (streamed, 1 MiB at a time), given its manifest and renamed
 into place; a step is consistent when every rank 0..worldSize-1 has a
-manifest that verifies. The module-level save()/latest() keep the older
+manifest that verifies and all of them name rank 0's worldSize, runId and jobId
+(one start of the job; rank directories >= that world size, an older
+larger run's, are ignored). With torch.distributed initialised, the
+readers (latest_consistent, resume, load, prune) are collectives in which
+each rank hashes only its own shard and reads the others' manifests. With local_dir (tiered), saves go to a node-local directory and
+gpupack-ckpt uploads them; reads look at the shared directory only. The module-level save()/latest() keep the older
 single-rank layout (``<dir>/step-<N>/`` with the manifest in it), which the
 Go side reads as a gang of one.
 """
 
 import contextlib
+import ctypes
 import datetime
 import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import tempfile
@@ -54,13 +63,22 @@ MAX_WORLD_SIZE = 1 << 20
 RANK_PREFIX = "rank-"
 EXIT_PREEMPTED = 200  # gpupack-ckpt's exit code after a checkpoint (checkpoint/agent)
 
-_STEP_RE = re.compile(r"^step-(\d{12})$")
-_RANK_RE = re.compile(r"^rank-(0|[1-9]\d{0,6})$")
+_STEP_RE = re.compile(r"^step-(\d{12})\Z", re.ASCII)
+_RANK_RE = re.compile(r"^rank-(0|[1-9]\d{0,6})\Z", re.ASCII)
 
 
 def _is_int(v):
     return isinstance(v, int) and not isinstance(v, bool)
-_HEX64_RE = re.compile(r"^[0-9a-f]{64}$")
+_HEX64_RE = re.compile(r"^[0-9a-f]{64}\Z", re.ASCII)
+_RUN_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}\Z", re.ASCII)
+_SAVED_AT_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})\Z", re.ASCII)
+RUN_ID_ENV = "GPUPACK_RUN_ID"
+LOCAL_DIR_ENV = "GPUPACK_LOCAL_CHECKPOINT_DIR"
+TIER_LOCAL, TIER_SHARED = "local", "shared"
+
+
+class WorldSizeMismatch(ValueError):
+    """The checkpoint to resume from was written by another number of ranks."""
 
 _requested = threading.Event()
 _requested_signal = None
@@ -212,6 +230,8 @@ def save(directory, step, files):
     if not isinstance(step, int) or isinstance(step, bool) or step < 0 or step > MAX_STEP:
         raise ValueError("step %r out of range [0, %d]" % (step, MAX_STEP))
     names = sorted(files)
+    if not names:
+        raise ValueError("save(%d): no files: refusing to commit an empty checkpoint" % step)
     for n in names:
         _validate_path(n)
     os.makedirs(directory, exist_ok=True)
@@ -241,13 +261,7 @@ def save(directory, step, files):
         for d in sync_dirs:
             _fsync_dir(d)
         final = os.path.join(directory, step_dir_name(step))
-        old = None
-        if os.path.exists(final):
-            # rename cannot replace a non-empty directory: move the old step
-            # aside first. Meanwhile the step is absent, never torn.
-            old = tmp + ".old"
-            os.rename(final, old)
-        os.rename(tmp, final)
+        old = _replace_dir(tmp, final)
         tmp = None
         _fsync_dir(directory)
         if old:
@@ -258,22 +272,60 @@ def save(directory, step, files):
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _no_duplicate_keys(pairs):
+    d = {}
+    for k, v in pairs:
+        if k in d:
+            raise ValueError("manifest: field %r given twice" % k)
+        d[k] = v
+    return d
+
+
 def _parse_manifest(raw):
-    m = json.loads(raw)
+    if isinstance(raw, (bytes, bytearray)):
+        raw = bytes(raw).decode("utf-8")  # strictly UTF-8 (no BOM, no UTF-16), as Go reads it
+    m = json.loads(raw, object_pairs_hook=_no_duplicate_keys)
     base = {"version", "step", "files", "savedAt"}
-    if not isinstance(m, dict) or set(m) not in (base, base | {"rank", "worldSize"}):
+    extra = {"rank", "worldSize", "runId", "jobId", "tier", "node", "localWorldSize"}
+    if not isinstance(m, dict) or not base <= set(m) or not set(m) - base <= extra:
         raise ValueError("manifest: unexpected fields")
+    if "tier" in m and m["tier"] not in (TIER_LOCAL, TIER_SHARED):
+        raise ValueError("manifest: tier %r" % (m["tier"],))
+    if "node" in m and not (isinstance(m["node"], str) and len(m["node"]) <= 253
+                            and not any(ord(c) < 0x20 or ord(c) == 0x7f for c in m["node"])):
+        raise ValueError("manifest: node %r" % (m["node"],))
+    if "localWorldSize" in m:
+        lw = m["localWorldSize"]
+        if "worldSize" not in m or not _is_int(lw) or not _is_int(m["worldSize"]) or not 1 <= lw <= m["worldSize"]:
+            raise ValueError("manifest: localWorldSize %r" % (lw,))
+    if ("rank" in m) != ("worldSize" in m):
+        raise ValueError("manifest: rank and worldSize come together")
+    if "jobId" in m and not (isinstance(m["jobId"], str) and _RUN_ID_RE.match(m["jobId"])):
+        raise ValueError("manifest: jobId %r: want 1..128 characters of [A-Za-z0-9._:-]" % (m["jobId"],))
+    if "runId" in m and not (isinstance(m["runId"], str) and _RUN_ID_RE.match(m["runId"])):
+        raise ValueError("manifest: runId %r: want 1..128 characters of [A-Za-z0-9._:-]" % (m["runId"],))
     if "rank" in m:
         w, r = m["worldSize"], m["rank"]
         if not _is_int(w) or not 1 <= w <= MAX_WORLD_SIZE or not _is_int(r) or not 0 <= r < w:
             raise ValueError("manifest: rank %r / worldSize %r out of range" % (r, w))
-    if m["version"] != VERSION:
+    sa = m["savedAt"]
+    if not isinstance(sa, str) or not _SAVED_AT_RE.match(sa):
+        raise ValueError("manifest: savedAt %r is not RFC 3339" % (sa,))
+    try:
+        datetime.datetime.fromisoformat(re.sub(r"\.\d+", "", sa).replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError("manifest: savedAt %r is not RFC 3339" % (sa,)) from None
+    if not _is_int(m["version"]) or m["version"] != VERSION:
         raise ValueError("manifest: version %r" % m["version"])
     step = m["step"]
     if not isinstance(step, int) or isinstance(step, bool) or step < 0 or step > MAX_STEP:
         raise ValueError("manifest: step %r" % step)
     if not isinstance(m["files"], list):
         raise ValueError("manifest: files is not a list")
+    if not m["files"]:
+        # A checkpoint of nothing: named consistent, a restart would resume
+        # from it and crash-loop (Go's Parse refuses it too).
+        raise ValueError("manifest: lists no files")
     seen = set()
     for f in m["files"]:
         if not isinstance(f, dict) or set(f) != {"path", "size", "sha256"}:
@@ -282,16 +334,18 @@ def _parse_manifest(raw):
         if f["path"] in seen:
             raise ValueError("manifest: file %r listed twice" % f["path"])
         seen.add(f["path"])
-        if not isinstance(f["size"], int) or f["size"] < 0:
+        if not _is_int(f["size"]) or f["size"] < 0:
             raise ValueError("manifest: bad size")
         if not isinstance(f["sha256"], str) or not _HEX64_RE.match(f["sha256"]):
             raise ValueError("manifest: bad sha256")
     return m
 
 
-def verify(step_dir):
+def verify(step_dir, hash_files=True):
     """Return the manifest of a step directory (single-rank layout) or of a
-    rank directory (step-<N>/rank-<r>) if every file checks out, else raise."""
+    rank directory (step-<N>/rank-<r>) if every file checks out, else raise.
+    hash_files=False checks the manifest and that every file it lists is a
+    regular file of the listed size, without reading any (read_manifest)."""
     base = os.path.basename(step_dir)
     rm = _RANK_RE.match(base)
     if rm:
@@ -300,6 +354,9 @@ def verify(step_dir):
         mt = _STEP_RE.match(base)
     if not mt:
         raise ValueError("%s: not a step directory" % step_dir)
+    if rm and os.path.islink(os.path.dirname(step_dir)):
+        raise ValueError("%s: the step directory is a symlink" % os.path.dirname(step_dir))
+    _no_symlinks(step_dir, MANIFEST)
     with open(os.path.join(step_dir, MANIFEST), "rb") as fh:
         m = _parse_manifest(fh.read())
     if m["step"] != int(mt.group(1)):
@@ -309,6 +366,11 @@ def verify(step_dir):
     if not rm and "rank" in m:
         raise ValueError("%s: a rank manifest outside a rank directory" % step_dir)
     for f in m["files"]:
+        _no_symlinks(step_dir, f["path"])
+        if not hash_files:
+            if os.stat(os.path.join(step_dir, f["path"])).st_size != f["size"]:
+                raise ValueError("%s: file %r does not match the manifest" % (step_dir, f["path"]))
+            continue
         h = hashlib.sha256()
         size = 0
         with open(os.path.join(step_dir, f["path"]), "rb") as fh:
@@ -320,6 +382,25 @@ def verify(step_dir):
     return m
 
 
+def _no_symlinks(d, rel):
+    """d and every component of rel below it are no symlinks, rel a regular
+    file: a checkpoint is only what lies inside its own directory (Go's
+    checkpoint/manifest refuses the same)."""
+    import stat  # noqa: WPS433
+    parts = [""] + rel.split("/")
+    p = d
+    for i, part in enumerate(parts):
+        if part:
+            p = os.path.join(p, part)
+        st = os.lstat(p)
+        if stat.S_ISLNK(st.st_mode):
+            raise ValueError("%s: is a symlink; a checkpoint must not link outside its directory" % p)
+        if i < len(parts) - 1 and not stat.S_ISDIR(st.st_mode):
+            raise ValueError("%s: not a directory" % p)
+        if i == len(parts) - 1 and not stat.S_ISREG(st.st_mode):
+            raise ValueError("%s: not a regular file" % p)
+
+
 def steps(directory):
     """Step numbers of the step directories under directory, newest first (unverified)."""
     try:
@@ -329,7 +410,8 @@ def steps(directory):
     out = []
     for n in names:
         mt = _STEP_RE.match(n)
-        if mt and os.path.isdir(os.path.join(directory, n)):
+        p = os.path.join(directory, n)
+        if mt and os.path.isdir(p) and not os.path.islink(p):
             out.append(int(mt.group(1)))
     return sorted(out, reverse=True)
 
@@ -373,10 +455,75 @@ def _dist():
     return None
 
 
+def _collective_device(dist, device=None):
+    """The device of the helper's small collectives: the given one; "cpu"
+    for gloo (and any backend but NCCL); for NCCL this rank's GPU: the
+    device the trainer selected (torch.cuda.set_device), else LOCAL_RANK's
+    (torchrun sets it; current_device() is GPU 0 on every rank of a node
+    that never called set_device, and NCCL refuses or hangs on that), else
+    GPU 0 when the process sees one GPU."""
+    if device is not None:
+        return str(device)
+    if dist.get_backend() != "nccl":
+        return "cpu"
+    import torch  # noqa: WPS433
+    n = torch.cuda.device_count()
+    cur = torch.cuda.current_device()
+    if cur != 0 or n <= 1:
+        return "cuda:%d" % cur
+    lr = os.environ.get("LOCAL_RANK", "").strip()
+    if lr.isdigit() and int(lr) < n:
+        return "cuda:%d" % int(lr)
+    return "cuda:%d" % cur
+
+
+def _exchange(a, b):
+    """Swap two paths atomically (renameat2 RENAME_EXCHANGE, Linux >= 3.15).
+    Raises OSError (EINVAL, ENOSYS, …) where the file system or libc
+    cannot."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fn = getattr(libc, "renameat2", None)
+    if fn is None:
+        raise OSError(38, "renameat2 not in libc")  # ENOSYS
+    at_fdcwd, rename_exchange = -100, 2
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, "renameat2(%s, %s, RENAME_EXCHANGE): %s" % (a, b, os.strerror(e)))
+
+
+_rename = os.rename  # seams for the crash tests
+
+
+def _replace_dir(tmp, final):
+    """Put the complete directory tmp at final. When final exists (a re-save)
+    the two are swapped in one step, so final is the old checkpoint or the
+    new one at every instant, across a crash too; returns the old one's new
+    path (to remove), or None. Where the file system cannot swap, the old
+    one is moved aside first (final absent, never torn, in between)."""
+    try:
+        _rename(tmp, final)
+        return None
+    except OSError:
+        if not os.path.lexists(final):
+            raise
+    try:
+        _exchange(tmp, final)
+        return tmp
+    except OSError as e:
+        import errno  # noqa: WPS433
+        if e.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+            raise
+    old = tmp + ".old"
+    _rename(final, old)
+    _rename(tmp, final)
+    return old
+
+
 def _hash_file(path):
     h = hashlib.sha256()
     size = 0
     with open(path, "rb") as fh:
+        before = os.fstat(fh.fileno())
         while True:
             chunk = fh.read(1 << 20)
             if not chunk:
@@ -384,6 +531,13 @@ def _hash_file(path):
             h.update(chunk)
             size += len(chunk)
         os.fsync(fh.fileno())
+        after = os.fstat(fh.fileno())
+    if (after.st_size != size or after.st_size != before.st_size
+            or after.st_mtime_ns != before.st_mtime_ns):
+        # Still being written (an async checkpointer not awaited inside the
+        # with block): the manifest would name bytes the file does not hold.
+        raise ValueError("%s changed while it was hashed (size %d -> %d); await async savers inside "
+                         "the saving() block" % (path, before.st_size, after.st_size))
     return size, h.hexdigest()
 
 
@@ -410,12 +564,61 @@ def _walk_files(root):
     return sorted(files), dirs
 
 
-def step_state(directory, step):
-    """(world_size, verified_ranks, problems) of one step, both layouts."""
+JOB_ID_ENV = "GPUPACK_JOB_ID"  # set by the pod webhook: <namespace>:<Kind>.<group>:<name>
+JOB_UID_ENV = JOB_ID_ENV  # (the name issue 16 first shipped)
+
+
+def _job_id():
+    """This job's id (GPUPACK_JOB_ID) when set and well-formed, else None."""
+    j = os.environ.get(JOB_ID_ENV, "").strip()
+    return j if _RUN_ID_RE.match(j) else None
+
+
+def _other_job(rank_dir, job):
+    """The jobId rank_dir's manifest names when it is another job's than
+    job (both known), else None. Parsed only, no file hashed (Go's
+    manifest.OtherJob)."""
+    if not job:
+        return None
+    try:
+        with open(os.path.join(rank_dir, MANIFEST), "rb") as fh:
+            m = _parse_manifest(fh.read())
+    except (OSError, ValueError):
+        return None
+    j = m.get("jobId")
+    return j if j and j != job else None
+
+
+def read_manifest(step_dir):
+    """The manifest of a step or rank directory, parsed and checked against
+    the directory's step and rank, WITHOUT hashing any file (what every
+    rank reads of the other ranks' shards). Raises like verify()."""
+    return verify(step_dir, hash_files=False)
+
+
+def step_state(directory, step, job_id=None, hashed=None):
+    """(world_size, verified_ranks, problems) of one step, both layouts.
+
+    job_id (default GPUPACK_JOB_ID): ranks naming another jobId are
+    another job's and do not count (when both are known).
+
+    The step's world size, run and job are rank 0's: ranks 0..worldSize-1
+    must all name them (a mix of two runs, jobs or world sizes is never
+    consistent);
+    rank directories >= that world size are another run's leftovers (a job
+    that shrank) and are ignored.
+
+    hashed(rank) says which ranks' files to hash (default: all); the
+    others' manifests are only read and checked (Checkpointer spreads the
+    hashing over the ranks of a torch.distributed gang)."""
+    if job_id is None:
+        job_id = _job_id()
+    if hashed is None:
+        hashed = lambda r: True  # noqa: E731
     sd = os.path.join(directory, step_dir_name(step))
     if os.path.exists(os.path.join(sd, MANIFEST)):
         try:
-            verify(sd)
+            verify(sd, hash_files=hashed(0))
             return 1, {0}, []
         except (OSError, ValueError) as e:
             return 1, set(), [str(e)]
@@ -423,48 +626,123 @@ def step_state(directory, step):
         names = os.listdir(sd)
     except OSError as e:
         return 0, set(), [str(e)]
-    verified, worlds, problems = set(), set(), []
+    found, problems = {}, {}  # rank -> manifest / problem
     for n in names:
         mt = _RANK_RE.match(n)
-        if not mt or not os.path.isdir(os.path.join(sd, n)):
+        if not mt:
+            continue
+        r = int(mt.group(1))
+        if os.path.islink(os.path.join(sd, n)):
+            problems[r] = "%s: %s is a symlink" % (sd, n)
+            continue
+        if not os.path.isdir(os.path.join(sd, n)):
             continue
         try:
-            m = verify(os.path.join(sd, n))
+            m = verify(os.path.join(sd, n), hash_files=hashed(r))
         except (OSError, ValueError) as e:
-            problems.append(str(e))
+            problems[r] = str(e)
             continue
-        verified.add(m["rank"])
-        worlds.add(m["worldSize"])
-    if len(worlds) != 1:
-        if len(worlds) > 1:
-            problems.append("%s: ranks disagree on worldSize %s" % (sd, sorted(worlds)))
-        elif not problems:
-            problems.append("%s: no rank has a verified manifest" % sd)
-        return (max(worlds) if worlds else 0), verified, problems
-    world = worlds.pop()
-    missing = [r for r in range(world) if r not in verified]
-    if missing:
-        problems.append("%s: ranks %s of %d have no verified manifest" % (sd, missing[:8], world))
-    return world, verified, problems
+        if job_id and m.get("jobId") and m["jobId"] != job_id:
+            problems[r] = "%s: rank %d belongs to another job (jobId %r)" % (sd, r, m["jobId"])
+            continue
+        found[r] = m
+    if 0 not in found:
+        out = [problems[r] for r in sorted(problems)]
+        if not out:
+            out.append("%s: rank 0 has no verified manifest" % sd)
+        worlds = {m["worldSize"] for m in found.values()}
+        return (max(worlds) if worlds else 0), set(found), out
+    world, run = found[0]["worldSize"], found[0].get("runId", "")
+    verified, out = set(), []
+    for r in range(world):
+        m = found.get(r)
+        if m is None:
+            out.append(problems.get(r) or "%s: rank %d of %d has no verified manifest" % (sd, r, world))
+            continue
+        verified.add(r)  # its own shard checks out; whether it fits the step:
+        if m["worldSize"] != world:
+            out.append("%s: ranks disagree on worldSize [%d, %d] (rank 0 and rank %d)" % (sd, world, m["worldSize"], r))
+        elif m.get("runId", "") != run:
+            out.append("%s: ranks come from different runs (runId %r, %r: rank 0 and rank %d)"
+                       % (sd, run, m.get("runId", ""), r))
+        elif m.get("jobId", "") != found[0].get("jobId", ""):
+            out.append("%s: ranks come from different jobs (jobId %r, %r: rank 0 and rank %d)"
+                       % (sd, found[0].get("jobId", ""), m.get("jobId", ""), r))
+        if len(out) > 8:
+            break
+    return world, verified, out
 
 
-def consistent_steps(directory):
-    """Every gang-consistent step under directory, newest first."""
+def _is_consistent(state):
+    world, verified, problems = state
+    return not problems and bool(world) and len(verified) == world
+
+
+def _consistent_run(directory, step, hashed=None):
+    """The runId ("" when none) of step when it is gang-consistent, else None."""
+    world, verified, problems = step_state(directory, step, hashed=hashed)
+    if problems or not world or len(verified) != world:
+        return None
+    sd = os.path.join(directory, step_dir_name(step))
+    if os.path.exists(os.path.join(sd, MANIFEST)):
+        return None  # the single-rank layout: no runs to mix
+    try:
+        with open(os.path.join(sd, rank_dir_name(0), MANIFEST), "rb") as fh:
+            return _parse_manifest(fh.read()).get("runId", "")
+    except (OSError, ValueError):
+        return None
+
+
+def consistent_steps(directory, limit=None):
+    """The gang-consistent steps under directory (the newest limit of them;
+    all when None), newest first. One process hashes every rank's files;
+    Checkpointer spreads that over a torch.distributed gang."""
     out = []
     for s in steps(directory):
-        world, verified, problems = step_state(directory, s)
-        if not problems and world and len(verified) == world:
+        if limit is not None and len(out) >= limit:
+            break
+        if _is_consistent(step_state(directory, s)):
             out.append(s)
     return out
 
 
 def latest_consistent(directory):
     """The newest step whose every rank's manifest verifies, or None."""
-    for s in steps(directory):
-        world, verified, problems = step_state(directory, s)
-        if not problems and world and len(verified) == world:
-            return s
-    return None
+    c = consistent_steps(directory, 1)
+    return c[0] if c else None
+
+
+def _gang_consistent_steps(dist, directory, limit, device=None):
+    """consistent_steps(directory, limit) for a torch.distributed gang, the
+    same answer on every rank, each file hashed by one rank only: rank g of
+    G hashes the shards of the step's ranks r with r % G == g (its own when
+    the world size is unchanged) and reads every other rank's manifest
+    without hashing (that it exists, names the step, rank, worldSize,
+    runId and jobId, and lists files of the right sizes); an all-reduce MIN of "my
+    part verifies" decides each step, so one rank's damaged shard refuses
+    the step on every rank. The candidates are rank 0's step directories,
+    newest first, checked one step per collective until limit are found.
+    A collective: every rank calls it at the same point."""
+    import torch  # noqa: WPS433
+    dev = _collective_device(dist, device)
+    me, world = dist.get_rank(), dist.get_world_size()
+    cand = steps(directory) if me == 0 else []
+    n = torch.tensor([len(cand)], dtype=torch.int64, device=dev)
+    dist.broadcast(n, src=0)
+    if int(n.item()) == 0:
+        return []
+    t = torch.tensor(cand if me == 0 else [0] * int(n.item()), dtype=torch.int64, device=dev)
+    dist.broadcast(t, src=0)
+    out = []
+    for s in [int(x) for x in t.tolist()]:
+        if limit is not None and len(out) >= limit:
+            break
+        ok = _is_consistent(step_state(directory, s, hashed=lambda r: r % world == me))
+        flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=dev)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        if int(flag.item()) == 1:
+            out.append(s)
+    return out
 
 
 class Checkpointer:
@@ -473,11 +751,38 @@ class Checkpointer:
     rank and world_size default to torch.distributed's (when initialised),
     else the RANK / WORLD_SIZE environment (torchrun sets them), else 0 / 1.
     The constructor installs the signal handler (install=False: don't).
+
+    run_id names this run (this start of the job) in every manifest it
+    writes, so a step whose ranks come from two runs is never consistent.
+    Default: rank 0 draws one and broadcasts it (a collective: construct
+    the Checkpointer at the same point on every rank, after
+    init_process_group; if torch.distributed is initialised later, it
+    happens at the first saving()); with one rank it is drawn locally;
+    with several ranks and no torch.distributed, GPUPACK_RUN_ID (which
+    must then differ per start) or none.
+
+    device: where the helper's collectives run (default: "cpu" for gloo,
+    this rank's GPU for NCCL; see _collective_device).
+
+    local_dir (default GPUPACK_LOCAL_CHECKPOINT_DIR): tiered checkpoints.
+    saving() writes to this fast node-local directory (manifest tier
+    "local"); gpupack-ckpt --local-checkpoint-dir uploads each rank's shard
+    to directory in the background. Everything that reads (resume, load,
+    latest_consistent) reads directory only: where a restart on any node
+    looks. local_world_size (default LOCAL_WORLD_SIZE, else 1): how many
+    ranks write to the same local directory (one pod).
     """
 
     def __init__(self, directory, rank=None, world_size=None, install_handler=True,
-                 signals=(signal.SIGUSR1, signal.SIGTERM)):
+                 signals=(signal.SIGUSR1, signal.SIGTERM), run_id=None, device=None,
+                 local_dir=None, local_world_size=None):
         self.directory = directory
+        self.device = device
+        if local_dir is None:
+            local_dir = os.environ.get(LOCAL_DIR_ENV, "").strip() or None
+        if local_dir is not None and os.path.abspath(local_dir) == os.path.abspath(directory):
+            raise ValueError("local_dir %r is the checkpoint directory itself" % local_dir)
+        self.local_dir = local_dir
         dist = _dist()
         if rank is None:
             rank = dist.get_rank() if dist else int(os.environ.get("RANK", "0"))
@@ -488,9 +793,39 @@ class Checkpointer:
         if not _is_int(rank) or not 0 <= rank < world_size:
             raise ValueError("rank %r out of range [0, %d)" % (rank, world_size))
         self.rank, self.world_size = rank, world_size
+        if local_world_size is None:
+            lws = os.environ.get("LOCAL_WORLD_SIZE", "").strip()
+            local_world_size = int(lws) if lws.isdigit() else 1
+        if not _is_int(local_world_size) or not 1 <= local_world_size <= world_size:
+            raise ValueError("local world size %r out of range [1, %d]" % (local_world_size, world_size))
+        self.local_world_size = local_world_size
         self.stopping = False
+        if run_id is not None and not (isinstance(run_id, str) and _RUN_ID_RE.match(run_id)):
+            raise ValueError("run_id %r: want 1..128 characters of [A-Za-z0-9._:-]" % (run_id,))
+        self.run_id = run_id
+        self._ensure_run_id()
         if install_handler:
             install(signals)
+
+    def _ensure_run_id(self):
+        if self.run_id is not None:
+            return
+        if self.world_size == 1:
+            self.run_id = "%016x" % secrets.randbits(64)
+            return
+        dist = _dist()
+        if dist is not None and dist.get_world_size() > 1:
+            import torch  # noqa: WPS433
+            mine = secrets.randbits(62) if dist.get_rank() == 0 else 0
+            t = torch.tensor([mine], dtype=torch.int64, device=_collective_device(dist, self.device))
+            dist.broadcast(t, src=0)
+            self.run_id = "%016x" % int(t.item())
+            return
+        env = os.environ.get(RUN_ID_ENV, "").strip()
+        if env:
+            if not _RUN_ID_RE.match(env):
+                raise ValueError("%s=%r: want 1..128 characters of [A-Za-z0-9._:-]" % (RUN_ID_ENV, env))
+            self.run_id = env
 
     # -- stopping ----------------------------------------------------------
 
@@ -504,11 +839,7 @@ class Checkpointer:
         dist = _dist()
         if dist is not None and dist.get_world_size() > 1:
             import torch  # noqa: WPS433
-            backend = dist.get_backend()
-            dev = "cpu"
-            if backend == "nccl":
-                dev = "cuda:%d" % torch.cuda.current_device()
-            t = torch.tensor([local], dtype=torch.int32, device=dev)
+            t = torch.tensor([local], dtype=torch.int32, device=_collective_device(dist, self.device))
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
             local = int(t.item())
         self.stopping = self.stopping or bool(local)
@@ -521,6 +852,12 @@ class Checkpointer:
         r = self.rank if rank is None else rank
         return os.path.join(self.directory, step_dir_name(step), rank_dir_name(r))
 
+    def local_path(self, step):
+        """This rank's directory of step in the local tier (None without one)."""
+        if self.local_dir is None:
+            return None
+        return os.path.join(self.local_dir, step_dir_name(step), rank_dir_name(self.rank))
+
     # -- saving --------------------------------------------------------------
 
     @contextlib.contextmanager
@@ -529,12 +866,19 @@ class Checkpointer:
         path (a fresh directory: torch.save(..., path + "/model.pt"), a DCP
         FileSystemWriter(path), save_pretrained(path)). On a clean exit the
         files are fsynced and hashed, the manifest written and the directory
-        renamed to step-<N>/rank-<r>; on an exception nothing is left."""
+        renamed to step-<N>/rank-<r>; on an exception nothing is left.
+
+        When step is already consistent under another run (a restarted job
+        re-saving the step it resumed from), the existing step is kept and
+        this is a no-op (a warning on stderr): replacing one rank would mix
+        two runs in that step and make it non-consistent."""
         if not _is_int(step) or not 0 <= step <= MAX_STEP:
             raise ValueError("step %r out of range [0, %d]" % (step, MAX_STEP))
-        sd = os.path.join(self.directory, step_dir_name(step))
+        self._ensure_run_id()
+        root = self.directory if self.local_dir is None else self.local_dir
+        sd = os.path.join(root, step_dir_name(step))
         os.makedirs(sd, exist_ok=True)
-        _fsync_dir(self.directory)
+        _fsync_dir(root)
         tmp = tempfile.mkdtemp(prefix=TEMP_PREFIX + rank_dir_name(self.rank) + "-", dir=sd)
         try:
             yield tmp
@@ -546,6 +890,12 @@ class Checkpointer:
 
     def _commit(self, step, sd, tmp):
         names, dirs = _walk_files(tmp)
+        if not names:
+            # Nothing written (a writer that failed silently, an async
+            # saver not awaited): named consistent, the restart would
+            # resume from it and crash-loop.
+            raise ValueError("saving(%d): no file was written into %s; refusing to commit an empty "
+                             "checkpoint (await an async saver inside the with block)" % (step, tmp))
         entries = []
         for n in names:
             size, sha = _hash_file(os.path.join(tmp, n))
@@ -559,16 +909,44 @@ class Checkpointer:
             "rank": self.rank,
             "worldSize": self.world_size,
         }
+        if self.run_id is not None:
+            manifest["runId"] = self.run_id
+        job = _job_id()
+        if job is not None:
+            manifest["jobId"] = job
+        if self.local_dir is not None:
+            import socket  # noqa: WPS433
+            manifest["tier"] = TIER_LOCAL
+            manifest["node"] = (os.environ.get("NODE_NAME") or socket.gethostname())[:253]
+            manifest["localWorldSize"] = self.local_world_size
         raw = (json.dumps(manifest, indent=2) + "\n").encode()
         _write_file(os.path.join(tmp, MANIFEST), raw)
         for d in dirs:
             _fsync_dir(d)
         final = os.path.join(sd, rank_dir_name(self.rank))
-        old = None
-        if os.path.exists(final):
-            old = tmp + ".old"
-            os.rename(final, old)
-        os.rename(tmp, final)
+        other_job = _other_job(final, job)
+        if other_job is not None:
+            # A re-created job (a new UID), or two jobs sharing the
+            # directory: never replace another job's checkpoint.
+            raise ValueError("saving(%d): %s belongs to another job (jobId %r, this job's is %r); refusing "
+                             "to replace it (give this job its own checkpoint directory)" % (step, final, other_job, job))
+        if os.path.lexists(final):
+            # Manifests only (no hashing of the other ranks' shards, this
+            # is one rank's decision): a restart re-saves the step its
+            # resume() just verified gang-wide.
+            other = _consistent_run(os.path.dirname(sd), step, hashed=lambda r: False)
+            if other is not None and other != (self.run_id or ""):
+                # A later run re-saving a step an earlier run completed
+                # (resumed from it, saves at the top of its loop): swapping
+                # one rank would leave the step mixing two runs, no longer
+                # consistent, and prune(keep=1) may already have removed
+                # every older one. Keep the existing step; this save is a
+                # no-op.
+                shutil.rmtree(tmp, ignore_errors=True)
+                _warn("step %d is already consistent under run %r; not replacing rank %d's "
+                      "checkpoint with run %r's (saving() is a no-op)" % (step, other, self.rank, self.run_id))
+                return final
+        old = _replace_dir(tmp, final)
         _fsync_dir(sd)
         if old:
             shutil.rmtree(old, ignore_errors=True)
@@ -585,15 +963,30 @@ class Checkpointer:
             for n in names:
                 os.makedirs(os.path.dirname(os.path.join(p, n)) or p, exist_ok=True)
                 _write_file(os.path.join(p, n), files[n])
-        return self.path(step)
+        return self.local_path(step) or self.path(step)
 
     # -- reading -------------------------------------------------------------
 
-    def latest_consistent(self):
-        """The newest step every rank's manifest verifies, or None."""
-        return latest_consistent(self.directory)
+    def _gang(self):
+        """torch.distributed when initialised with more than one rank."""
+        dist = _dist()
+        return dist if dist is not None and dist.get_world_size() > 1 else None
 
-    def resume_step(self):
+    def _consistent_steps(self, limit):
+        dist = self._gang()
+        if dist is None:
+            return consistent_steps(self.directory, limit)
+        return _gang_consistent_steps(dist, self.directory, limit, self.device)
+
+    def latest_consistent(self):
+        """The newest step every rank's manifest verifies, or None. With
+        torch.distributed initialised, a collective in which each rank
+        hashes only its own shard (see _gang_consistent_steps); else this
+        process hashes every rank's."""
+        c = self._consistent_steps(1)
+        return c[0] if c else None
+
+    def resume_step(self, on_world_change="error"):
         """The step to resume from: the newest consistent step on disk (0 when
         there is none), the same on every rank.
 
@@ -602,76 +995,140 @@ class Checkpointer:
         checkpoints on disk are newer or it was pruned, so disk wins and the
         difference is reported on stderr. Ranks that see different
         directories agree on the oldest of their answers (an all-reduce MIN),
-        which must then verify for this rank too."""
-        return max(self._agreed_step(), 0)
+        which must then verify for this rank too.
 
-    def _agreed_step(self):
-        disk = self.latest_consistent()
+        Raises WorldSizeMismatch when that step was written by another
+        number of ranks than this job has (see resume())."""
+        return max(self._agreed(on_world_change)[0], 0)
+
+    def _agreed(self, on_world_change):
+        """(step, path of the directory this rank loads), (-1, None) without
+        a checkpoint."""
+        if on_world_change not in ("error", "replicated"):
+            raise ValueError("on_world_change %r: want 'error' or 'replicated'" % (on_world_change,))
+        disk = self.latest_consistent()  # the same on every rank (a collective)
         step = -1 if disk is None else disk
         dist = _dist()
-        if dist is not None and dist.get_world_size() > 1:
-            import torch  # noqa: WPS433
-            dev = "cpu"
-            if dist.get_backend() == "nccl":
-                dev = "cuda:%d" % torch.cuda.current_device()
-            t = torch.tensor([step], dtype=torch.int64, device=dev)
-            dist.all_reduce(t, op=dist.ReduceOp.MIN)
-            step = int(t.item())
         hint = os.environ.get(RESUME_ENV, "").strip()
         if hint and not hint.isdigit():
             _warn("%s=%r is not a step; ignored" % (RESUME_ENV, hint))
         elif hint and int(hint) != step:
             _warn("%s=%s but the newest consistent checkpoint on disk is %s; using the one on disk"
                   % (RESUME_ENV, hint, "none" if step < 0 else step))
-        if step >= 0 and step != disk:
-            verify(self.path(step))  # the gang's choice must exist here too
-        return step
+        if dist is None and self.world_size > 1:
+            _warn("world size %d but torch.distributed is not initialised: ranks do not agree on the "
+                  "resume step (call init_process_group before resume())" % self.world_size)
+        if step < 0:
+            found = steps(self.directory)
+            if found:
+                _warn("%d step directories under %s (newest %d) but none is consistent; starting from "
+                      "scratch (see step_state(dir, step) for why)" % (len(found), self.directory, found[0]))
+            return -1, None
+        return step, self._source(step, on_world_change)
 
-    def resume(self, load_fn):
+    def _source(self, step, on_world_change):
+        """This rank's directory to load step from, checked against the world
+        size the step was saved with."""
+        sd = os.path.join(self.directory, step_dir_name(step))
+        if os.path.exists(os.path.join(sd, MANIFEST)):
+            world, src_dir = 1, lambda r: sd  # the single-rank layout
+        else:
+            with open(os.path.join(sd, rank_dir_name(0), MANIFEST), "rb") as fh:
+                world = _parse_manifest(fh.read()).get("worldSize", 1)
+            src_dir = lambda r: os.path.join(sd, rank_dir_name(r))  # noqa: E731
+        if world == self.world_size:
+            return src_dir(self.rank)
+        if on_world_change == "replicated":
+            # Every rank holds the same state (DDP): rank r of the new job
+            # loads old rank r mod old world size.
+            return src_dir(self.rank % world)
+        raise WorldSizeMismatch(
+            "checkpoint step %d under %s was saved by %d ranks, but this job has %d: a sharded "
+            "state (FSDP, DCP, ZeRO) cannot be loaded rank by rank. Resume with the original world "
+            "size, reshard the step offline (its rank directories: Checkpointer.paths(%d)), or pass "
+            "on_world_change='replicated' if every rank holds the same state (DDP)"
+            % (step, self.directory, world, self.world_size, step))
+
+    def paths(self, step):
+        """The rank directories of step, rank 0 first (for resharding)."""
+        sd = os.path.join(self.directory, step_dir_name(step))
+        if os.path.exists(os.path.join(sd, MANIFEST)):
+            return [sd]
+        world, _, _ = step_state(self.directory, step, hashed=lambda r: False)
+        return [os.path.join(sd, rank_dir_name(r)) for r in range(world)]
+
+    def resume(self, load_fn, on_world_change="error"):
         """Call load_fn(path) with this rank's directory of the step
         resume_step() picks and return that step; without a checkpoint
-        return 0 and do not call load_fn."""
-        step = self._agreed_step()
+        return 0 and do not call load_fn.
+
+        A step saved by another number of ranks than this job has raises
+        WorldSizeMismatch (the same on every rank), instead of loading a
+        shard that is not this rank's or starting over;
+        on_world_change="replicated" loads old rank (rank mod old world
+        size), right only when every rank's state is the same (DDP)."""
+        step, p = self._agreed(on_world_change)
         if step < 0:
             return 0
-        load_fn(self.path(step))
+        load_fn(p)
         return step
 
-    def load(self, step=None):
+    def load(self, step=None, on_world_change="error"):
         """(step, path) of this rank's verified checkpoint of step (default:
-        resume_step()), or (0, None) when there is none."""
+        the newest consistent one), or (0, None) when there is none; the
+        world size is checked as resume() does."""
         if step is None:
             step = self.latest_consistent()
             if step is None:
                 return 0, None
-        p = self.path(step)
+        p = self._source(step, on_world_change)
         verify(p)
         return step, p
+
+    def _owns_leftover(self, name):
+        """A rank directory no rank of this world writes (rank >= world
+        size: a larger, older run's) that this rank removes when pruning
+        its step: rank r takes those j with j % world_size == r."""
+        mt = _RANK_RE.match(name)
+        return bool(mt) and int(mt.group(1)) >= self.world_size and int(mt.group(1)) % self.world_size == self.rank
 
     def prune(self, keep=2):
         """Remove this rank's checkpoints older than the keep newest
         consistent steps (and its own leftover temporary directories there);
         steps newer than those (a save in progress) are never touched. Each
-        rank prunes its own directories; an emptied step directory goes too."""
+        rank prunes its own directories (and its share of rank directories
+        >= world size an older, larger run left); an emptied step directory
+        goes too. With torch.distributed initialised, a collective (each
+        rank hashes its own shards, see latest_consistent)."""
         keep = max(1, int(keep))
-        cons = consistent_steps(self.directory)
+        cons = self._consistent_steps(keep)
         if len(cons) < keep:
             return []
         oldest_kept = cons[keep - 1]
         removed = []
+        job = _job_id()
         own_tmp = TEMP_PREFIX + rank_dir_name(self.rank) + "-"
-        for s in steps(self.directory):
-            if s >= oldest_kept:
-                continue
-            sd = os.path.join(self.directory, step_dir_name(s))
-            for n in os.listdir(sd):
-                if n == rank_dir_name(self.rank) or n.startswith(own_tmp):
-                    shutil.rmtree(os.path.join(sd, n), ignore_errors=True)
-                    removed.append(s)
-            try:
-                os.rmdir(sd)
-            except OSError:
-                pass  # another rank's files are still there
+        # The local tier follows the shared one: a local step older than
+        # the oldest consistent step kept in the shared directory is not
+        # needed (it was uploaded, or a newer one superseded it).
+        for root in filter(None, (self.directory, self.local_dir)):
+            for s in steps(root):
+                if s >= oldest_kept:
+                    continue
+                sd = os.path.join(root, step_dir_name(s))
+                for n in os.listdir(sd):
+                    if n == rank_dir_name(self.rank) or n.startswith(own_tmp) or self._owns_leftover(n):
+                        other = _other_job(os.path.join(sd, n), job)
+                        if other is not None:
+                            _warn("prune: not removing %s: it belongs to another job (jobId %r, this job's is %r)"
+                                  % (os.path.join(sd, n), other, job))
+                            continue
+                        shutil.rmtree(os.path.join(sd, n), ignore_errors=True)
+                        removed.append(s)
+                try:
+                    os.rmdir(sd)
+                except OSError:
+                    pass  # another rank's files are still there
         return sorted(set(removed), reverse=True)
 
 

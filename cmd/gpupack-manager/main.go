@@ -46,11 +46,13 @@ func main() {
 	var (
 		metricsAddr    = flag.String("metrics-bind-address", ":8080", "metrics endpoint (0 disables)")
 		probeAddr      = flag.String("health-probe-bind-address", ":8081", "health probe endpoint")
+		pprofAddr      = flag.String("pprof-bind-address", "", "serve Go's net/http/pprof profiles (/debug/pprof/) on this address, e.g. 127.0.0.1:8082; empty or 0 disables (default). Unauthenticated: bind it to loopback and reach it with kubectl port-forward")
 		leaderElect    = flag.Bool("leader-elect", true, "elect a leader so only one replica decides (required with more than one replica)")
 		leaderNS       = flag.String("leader-election-namespace", "", "namespace of the leader election lease (default: in-cluster namespace)")
 		webhookPort    = flag.Int("webhook-port", 9443, "webhook server port")
 		certDir        = flag.String("cert-dir", "/tmp/k8s-webhook-server/serving-certs", "webhook serving certificate directory")
 		enableCheck    = flag.Bool("enable-gang-fit", true, "run the gpupack.io/gang-fit admission check")
+		checkWorkers   = flag.Int("gang-fit-workers", admissioncheck.DefaultWorkers, "Workloads the gang-fit check decides at once (each assumes its GPUs under the model's lock; the API writes run in parallel)")
 		enablePreempt  = flag.Bool("enable-preemption", true, "run the preemption coordinator")
 		evictionHook   = flag.Bool("enable-eviction-webhook", false, "serve the pods/eviction webhook that delays drains of checkpointing pods")
 		enableVolcano  = flag.Bool("enable-volcano", false, "create one Volcano PodGroup per admitted workload and keep HyperNodes (needs the volcano overlay's RBAC)")
@@ -58,8 +60,9 @@ func main() {
 		topologyParams = flag.String("topology-parameters", "", "GangFitParameters whose topologyLevels define the hierarchy (default: the first that has them)")
 		enableWebhooks = flag.Bool("enable-webhooks", true, "serve the fractional-GPU mutating/validating webhooks and run the placement ungater")
 		webhookConfig  = flag.String("webhook-config", "", "webhook configuration file (YAML; see docs/webhooks.md); empty = defaults")
+		unmanagedGPUs  = flag.String("unmanaged-gpus", "", "GPU pods and jobs Kueue will not manage: Deny (namespaces labelled gpupack.io/unmanaged-gpus=allow excepted) or Allow; empty = the webhook configuration's unmanagedGPUs.policy (default Deny)")
 		podCreators    = flag.String("template-pod-creators", strings.Join(webhooks.DefaultTemplatePodCreators, ","), "users whose pods made from a gpupack-injected Job/PyTorchJob template skip the pod webhook (comma-separated; empty: every GPU pod goes to the webhook)")
-		jobKinds       = flag.String("job-kinds", "auto", "job kinds besides Job and PyTorchJob whose webhook entries the manager keeps in its configurations: auto (those the cluster serves at start), all, none, or a comma-separated list of JobSet, LeaderWorkerSet, Deployment, StatefulSet")
+		jobKinds       = flag.String("job-kinds", "auto", "job kinds besides Job and PyTorchJob whose webhook entries the manager keeps in its configurations: auto (those the cluster serves at start), all, none, or a comma-separated list of JobSet, LeaderWorkerSet, Deployment, StatefulSet, TrainJob, TrainingRuntime, ClusterTrainingRuntime, RayJob, RayCluster, MPIJob")
 		certMode       = flag.String("cert-management", "internal", "webhook certificates: internal (cert-controller rotates them and injects the CA) or external (cert-manager or files in --cert-dir)")
 		namespace      = flag.String("namespace", envOr("POD_NAMESPACE", "gpupack-system"), "namespace gpupack runs in")
 		showVersion    = flag.Bool("version", false, "print the version and exit")
@@ -103,6 +106,7 @@ func main() {
 		Scheme:                  scheme,
 		Metrics:                 metricsserver.Options{BindAddress: *metricsAddr},
 		HealthProbeBindAddress:  *probeAddr,
+		PprofBindAddress:        *pprofAddr,
 		LeaderElection:          *leaderElect,
 		LeaderElectionID:        "gpupack-manager.gpupack.io",
 		LeaderElectionNamespace: *leaderNS,
@@ -119,11 +123,24 @@ func main() {
 			log.Error(err, "reading webhook configuration")
 			os.Exit(1)
 		}
+		if *unmanagedGPUs != "" {
+			cfg.UnmanagedGPUs.Policy = *unmanagedGPUs
+			if err := cfg.Validate(); err != nil {
+				log.Error(err, "--unmanaged-gpus")
+				os.Exit(1)
+			}
+		}
 		// One policy: the pod webhook must not refuse a timeout that some
 		// priority class or ClusterQueue is allowed.
 		if l := ckptPolicy.Longest(); cfg.Checkpoint.MaxTimeout.Duration < l {
 			cfg.Checkpoint.MaxTimeout.Duration = l
 		}
+		// and caps a GPU pod's grace at its class's cap + the margin that
+		// the coordinator's deletes use too.
+		if cfg.Checkpoint.Margin.Duration > 0 {
+			ckptPolicy.Margin = cfg.Checkpoint.Margin.Duration
+		}
+		cfg.Checkpoint.Policy = ckptPolicy
 		serve, err := webhooks.DefaultServeOptions().WithFastPath(cfg)
 		if err != nil {
 			log.Error(err, "webhook configuration")
@@ -185,7 +202,7 @@ func main() {
 		os.Exit(1)
 	}
 	if *enableCheck {
-		if err := admissioncheck.Setup(mgr, admissioncheck.Options{}); err != nil {
+		if err := admissioncheck.Setup(mgr, admissioncheck.Options{Workers: *checkWorkers}); err != nil {
 			log.Error(err, "setting up the gang-fit check")
 			os.Exit(1)
 		}

@@ -26,8 +26,37 @@
  *    back at destruction.
  *  - Live contexts per process and device are counted in the shared state
  *    (nvmlDeviceGetComputeRunningProcesses lists them).
+ *  - FAKECUDA_CTX_TWINS=n: when this process creates its first context on
+ *    a device, n other processes (host pids 900000 + 16*slot + i) create
+ *    theirs at the same instant, as on a node where several containers
+ *    start at once, so NVML's process list names n+1 new pids. With
+ *    FAKECUDA_TWIN_ECHO=k the twins' memory also moves with each of this
+ *    process's first k allocations (and their frees), so a probe by memory
+ *    is ambiguous k times.
+ *  - Streams (cuStreamCreate) belong to the context current at creation,
+ *    and so to its device: cuMemAllocAsync serves a stream from its own
+ *    device's pool, whatever context is current.
+ *  - Stream-ordered frees (cuMemFreeAsync of a pool block) happen when the
+ *    device reaches them, as with the real driver: when everything queued
+ *    on the device before the call has run (the simulated clock). Until
+ *    then the block stays in use by the pool (USED_MEM_CURRENT), so an
+ *    allocation on another stream makes the pool grow; one on the same
+ *    stream reuses it, in stream order. A synchronisation (cuStreamSynchronize,
+ *    cuCtxSynchronize) waits for the device and so for the frees.
+ *    FAKECUDA_QUEUE_NS sets how much work the launch queue holds (default
+ *    50 ms) before a launch blocks.
  *  - cuGetProcAddress hands out versioned ABIs like the driver, and
  *    distinct functions for per-thread-default-stream (_ptsz) requests.
+ *  - CUDA_VISIBLE_DEVICES picks and orders the FAKECUDA_DEVICES physical
+ *    devices as the driver does: a comma list of physical indices or
+ *    UUIDs, cut at the first entry that is not one (or repeats one);
+ *    CUdevice i is then the i-th of the list. cuDeviceGetUuid[_v2] gives
+ *    physical device p the UUID GPU-fa4e0000-0000-4000-8000-0000000000<p,
+ *    two hex digits>, or the p-th of FAKECUDA_UUIDS (comma-separated; the
+ *    GPUs a container runtime exposed, as integration tests model them).
+ *    Only the UUID follows the physical device: memory,
+ *    contexts and the simulated clock stay per CUdevice (the fake NVML
+ *    numbers devices as CUDA does), which the tests of the map need.
  *  - fakecuda_* functions expose counters to tests.
  */
 #define _GNU_SOURCE
@@ -40,6 +69,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
@@ -55,20 +85,30 @@
 struct fake_ctx {
 	int dev;
 	int primary;
-	uint64_t limit[3]; /* CUlimit stack (per thread), printf FIFO, malloc heap */
+	uint64_t limit[5]; /* CUlimit stack (per thread), printf FIFO, malloc heap, sync depth, pending launches */
+	_Atomic uint64_t done_at; /* when the last work queued from this context ends (FAKECUDA_CTX_SYNC) */
 };
 
 /* An H100's worth of resident threads: the stack limit is reserved for each. */
 #define FAKE_SMS 132
 #define FAKE_THREADS_PER_SM 2048
-static const uint64_t limit_default[3] = {1024, 1 << 20, 8 << 20};
+static const uint64_t limit_default[5] = {1024, 1 << 20, 8 << 20, 2, 2048};
 
 #define POOL_GRANULE (32ull << 20)
+
+struct fake_pending {
+	void *q;          /* the block */
+	uint64_t exec_at; /* device time at which the stream reaches the free */
+	uint64_t stream;  /* 0: the default stream */
+};
+#define MAXPEND 256
 
 struct fake_pool {
 	int dev;
 	pthread_mutex_t mu;
-	uint64_t reserved, live;
+	uint64_t reserved, live; /* live includes blocks whose free has not run yet */
+	struct fake_pending pend[MAXPEND];
+	int npend;
 	int destroyed; /* cuMemPoolDestroy with blocks outstanding: released at the last free */
 	int host;      /* a host-located pool: pinned host memory, no device bytes */
 };
@@ -105,9 +145,32 @@ static struct {
 	_Atomic int primary_refs[MAXDEV];
 	struct clock_state *clk;
 	int myproc;
+	int phys[MAXDEV]; /* CUdevice -> physical device (CUDA_VISIBLE_DEVICES) */
+	char uuid[MAXDEV][48]; /* of each physical device */
 } F = {.once = PTHREAD_ONCE_INIT};
 
 static __thread struct fake_ctx *cur;
+static __thread struct fake_ctx *ctx_stack[16];
+static __thread int ctx_depth;
+
+struct fake_stream {
+	int dev;
+	struct fake_ctx *ctx;
+};
+
+static uint64_t queue_ns(void)
+{
+	const char *v = getenv("FAKECUDA_QUEUE_NS");
+	return v ? strtoull(v, NULL, 10) : QUEUE_NS;
+}
+
+/* NULL, CU_STREAM_LEGACY (1) and CU_STREAM_PER_THREAD (2) are the current
+ * context's default streams. */
+static struct fake_stream *stream_of(CUstream s)
+{
+	return (uintptr_t)s <= 2 ? NULL : (struct fake_stream *)s;
+}
+static uint64_t stream_id(CUstream s) { return stream_of(s) ? (uint64_t)(uintptr_t)s : 0; }
 
 static uint64_t now_ns(void)
 {
@@ -122,10 +185,41 @@ static void fake_init(void)
 	F.ndev = v ? atoi(v) : 2;
 	if (F.ndev < 1 || F.ndev > MAXDEV)
 		F.ndev = 2;
+	for (int i = 0; i < MAXDEV; i++) {
+		F.phys[i] = i;
+		snprintf(F.uuid[i], sizeof F.uuid[i], "GPU-fa4e0000-0000-4000-8000-0000000000%02x", i);
+	}
+	if ((v = getenv("FAKECUDA_UUIDS")) != NULL) {
+		char buf[512];
+		snprintf(buf, sizeof buf, "%s", v);
+		int i = 0;
+		for (char *save = NULL, *t = strtok_r(buf, ",", &save); t && i < MAXDEV; t = strtok_r(NULL, ",", &save))
+			snprintf(F.uuid[i++], sizeof F.uuid[0], "%s", t);
+	}
+	if ((v = getenv("CUDA_VISIBLE_DEVICES")) != NULL) {
+		int n = 0, nphys = F.ndev, seen = 0;
+		char buf[512];
+		snprintf(buf, sizeof buf, "%s", v);
+		for (char *save = NULL, *t = strtok_r(buf, ",", &save); t && n < MAXDEV; t = strtok_r(NULL, ",", &save)) {
+			char *end;
+			long p = strtol(t, &end, 10);
+			if (end == t || *end != '\0') {
+				p = -1;
+				for (int q = 0; q < nphys; q++)
+					if (!strcasecmp(t, F.uuid[q]))
+						p = q;
+			}
+			if (p < 0 || p >= nphys || (seen & (1 << p)))
+				break;
+			seen |= 1 << p;
+			F.phys[n++] = (int)p;
+		}
+		F.ndev = n;
+	}
 	v = getenv("FAKECUDA_MEM");
 	F.mem = v ? strtoull(v, NULL, 10) : (16ull << 30);
 	for (int i = 0; i < MAXDEV; i++) {
-		F.primary[i] = (struct fake_ctx){i, 1, {limit_default[0], limit_default[1], limit_default[2]}};
+		F.primary[i] = (struct fake_ctx){i, 1, {limit_default[0], limit_default[1], limit_default[2], limit_default[3], limit_default[4]}, 0};
 		default_pool[i].dev = i;
 		pthread_mutex_init(&default_pool[i].mu, NULL);
 	}
@@ -165,11 +259,51 @@ static int proc_slot(void)
 	return -1;
 }
 
+#define MAXTWIN 8
+static int twin_slot[MAXDEV][MAXTWIN], ntwin[MAXDEV];
+static _Atomic int twin_echoed;
+
+static long env_long(const char *k)
+{
+	const char *v = getenv(k);
+	return v ? atol(v) : 0;
+}
+
+/* FAKECUDA_CTX_TWINS: other processes that created a context together
+ * with our first one on dev. They stay for this process's lifetime. */
+static void twins_start(int dev)
+{
+	long n = env_long("FAKECUDA_CTX_TWINS");
+	int me = proc_slot();
+	for (long t = 0; t < n && t < MAXTWIN && me >= 0 && ntwin[dev] < MAXTWIN; t++)
+		for (int i = 0; i < MAXPROC; i++) {
+			/* The twin's "pid" is our parent's (alive, never a fake user). */
+			uint64_t z = 0, pp = (uint64_t)getppid();
+			if (!atomic_compare_exchange_strong(&F.clk->proc[i].pid, &z, pp))
+				continue;
+			atomic_store(&F.clk->proc[i].hostpid, 900000 + 16 * (uint64_t)me + (uint64_t)t);
+			atomic_store(&F.clk->proc[i].ctxs[dev], 1);
+			twin_slot[dev][ntwin[dev]++] = i;
+			break;
+		}
+}
+
 static void proc_mem(int dev, int64_t delta)
 {
 	int s = proc_slot();
-	if (s >= 0 && dev >= 0 && dev < MAXDEV)
-		atomic_fetch_add(&F.clk->proc[s].mem[dev], delta);
+	if (s < 0 || dev < 0 || dev >= MAXDEV)
+		return;
+	/* The twins first: a reader that sees our growth sees theirs. */
+	if (ntwin[dev] > 0) {
+		long k = env_long("FAKECUDA_TWIN_ECHO");
+		int echo = delta > 0 ? atomic_fetch_add(&twin_echoed, 1) < k : 1;
+		for (int t = 0; t < ntwin[dev] && echo; t++) {
+			_Atomic int64_t *m = &F.clk->proc[twin_slot[dev][t]].mem[dev];
+			if (delta > 0 || atomic_load(m) >= -delta)
+				atomic_fetch_add(m, delta);
+		}
+	}
+	atomic_fetch_add(&F.clk->proc[s].mem[dev], delta);
 }
 
 static int dev_take(int dev, uint64_t size);
@@ -183,8 +317,9 @@ static uint64_t ctx_mem(void)
 static void ctx_count(int dev, int delta)
 {
 	int s = proc_slot();
-	if (s >= 0 && dev >= 0 && dev < MAXDEV)
-		atomic_fetch_add(&F.clk->proc[s].ctxs[dev], delta);
+	if (s >= 0 && dev >= 0 && dev < MAXDEV && atomic_fetch_add(&F.clk->proc[s].ctxs[dev], delta) == 0 && delta > 0 &&
+	    ntwin[dev] == 0)
+		twins_start(dev);
 }
 
 /* Adds [start, end) of device time to this process's buckets. */
@@ -207,6 +342,15 @@ EXPORT uint64_t fakecuda_used(int dev) { init(); return dev >= 0 && dev < MAXDEV
 EXPORT uint64_t fakecuda_alloc_calls(void) { return atomic_load(&F.alloc_calls); }
 EXPORT uint64_t fakecuda_mem(void) { init(); return F.mem; }
 EXPORT int fakecuda_ndev(void) { init(); return F.ndev; }
+/* The UUID string of CUdevice ord (the fake NVML's device ord). */
+EXPORT int fakecuda_uuid(int ord, char *out, unsigned n)
+{
+	init();
+	if (ord < 0 || ord >= F.ndev || n == 0)
+		return -1;
+	snprintf(out, n, "%s", F.uuid[F.phys[ord]]);
+	return 0;
+}
 
 /* Device time each process had on dev in [from, to) (monotonic ns, within
  * the last NBUCKET buckets), with its host pid; only live processes that
@@ -279,6 +423,27 @@ EXPORT CUresult cuDeviceGet(CUdevice *d, int ord)
 	*d = ord;
 	return CUDA_SUCCESS;
 }
+EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *u, CUdevice d)
+{
+	init();
+	if (F.ndev == 0)
+		return 100; /* CUDA_ERROR_NO_DEVICE */
+	if (d < 0 || d >= F.ndev)
+		return 101; /* CUDA_ERROR_INVALID_DEVICE */
+	/* The 32 hex digits of "GPU-"/"MIG-" 8-4-4-4-12 (a malformed one: zeros). */
+	memset(u->bytes, 0, 16);
+	const char *s = F.uuid[F.phys[d]];
+	for (int n = 0; *s && n < 32; s++) {
+		int x = *s >= '0' && *s <= '9' ? *s - '0' : *s >= 'a' && *s <= 'f' ? *s - 'a' + 10
+			: *s >= 'A' && *s <= 'F' ? *s - 'A' + 10 : -1;
+		if (x < 0 || (n == 0 && s - F.uuid[F.phys[d]] < 4))
+			continue; /* dashes, the prefix */
+		u->bytes[n / 2] = (char)(n % 2 ? u->bytes[n / 2] | x : x << 4);
+		n++;
+	}
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGetUuid(CUuuid *u, CUdevice d) { return cuDeviceGetUuid_v2(u, d); }
 EXPORT CUresult cuDeviceTotalMem_v2(size_t *b, CUdevice d) { init(); (void)d; *b = F.mem; return CUDA_SUCCESS; }
 EXPORT CUresult cuDeviceTotalMem(unsigned int *b, CUdevice d)
 {
@@ -295,6 +460,23 @@ EXPORT CUresult cuCtxGetDevice(CUdevice *d)
 	return CUDA_SUCCESS;
 }
 EXPORT CUresult cuCtxSetCurrent(CUcontext c) { cur = (struct fake_ctx *)c; return CUDA_SUCCESS; }
+EXPORT CUresult cuCtxPushCurrent_v2(CUcontext c)
+{
+	if (c == NULL || ctx_depth == 16)
+		return CUDA_ERROR_INVALID_VALUE;
+	ctx_stack[ctx_depth++] = cur;
+	cur = (struct fake_ctx *)c;
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *c)
+{
+	if (cur == NULL)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	if (c)
+		*c = (CUcontext)cur;
+	cur = ctx_depth > 0 ? ctx_stack[--ctx_depth] : NULL;
+	return CUDA_SUCCESS;
+}
 EXPORT CUresult cuCtxGetCurrent(CUcontext *c) { *c = (CUcontext)cur; return CUDA_SUCCESS; }
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d)
 {
@@ -331,6 +513,7 @@ static CUresult ctx_create(CUcontext *c, CUdevice d)
 	x->dev = d;
 	x->primary = 0;
 	memcpy(x->limit, limit_default, sizeof x->limit);
+	atomic_store(&x->done_at, 0);
 	ctx_count(d, 1);
 	cur = x;
 	*c = (CUcontext)x;
@@ -339,7 +522,23 @@ static CUresult ctx_create(CUcontext *c, CUdevice d)
 EXPORT CUresult cuCtxCreate_v2(CUcontext *c, unsigned f, CUdevice d) { (void)f; return ctx_create(c, d); }
 EXPORT CUresult cuCtxCreate_v3(CUcontext *c, void *p, int n, unsigned f, CUdevice d) { (void)p; (void)n; (void)f; return ctx_create(c, d); }
 EXPORT CUresult cuCtxCreate_v4(CUcontext *c, void *p, unsigned f, CUdevice d) { (void)p; (void)f; return ctx_create(c, d); }
-static uint64_t limit_cost(int l, uint64_t v) { return l == 0 ? v * FAKE_SMS * FAKE_THREADS_PER_SM : v; }
+/* The stack is reserved for every resident thread. The device runtime's
+ * limits cost memory too, at rates NVIDIA does not document; the fake's
+ * are assumptions (64 bytes of state per resident thread per sync level,
+ * 2 KiB per pending launch), there only so that growth costs memory. */
+static uint64_t limit_cost(int l, uint64_t v)
+{
+	switch (l) {
+	case 0:
+		return v * FAKE_SMS * FAKE_THREADS_PER_SM;
+	case 3:
+		return v * FAKE_SMS * FAKE_THREADS_PER_SM * 64;
+	case 4:
+		return v * 2048;
+	default:
+		return v;
+	}
+}
 
 /* Growth past the defaults costs device memory (the defaults are part of
  * FAKECUDA_CTX_MEM), as the real driver reserves it. */
@@ -347,7 +546,7 @@ EXPORT CUresult cuCtxSetLimit(CUlimit l, size_t v)
 {
 	if (cur == NULL)
 		return CUDA_ERROR_INVALID_CONTEXT;
-	if ((int)l < 0 || l > 2)
+	if ((int)l < 0 || l > 4)
 		return CUDA_ERROR_INVALID_VALUE;
 	uint64_t o = limit_cost(l, cur->limit[l]), n = limit_cost(l, v);
 	if (n > o && dev_take(cur->dev, n - o) != 0)
@@ -363,7 +562,7 @@ EXPORT CUresult cuCtxGetLimit(size_t *v, CUlimit l)
 {
 	if (cur == NULL)
 		return CUDA_ERROR_INVALID_CONTEXT;
-	if ((int)l < 0 || l > 2 || v == NULL)
+	if ((int)l < 0 || l > 4 || v == NULL)
 		return CUDA_ERROR_INVALID_VALUE;
 	*v = cur->limit[l];
 	return CUDA_SUCCESS;
@@ -455,6 +654,30 @@ static void *raw_alloc(int dev, uint64_t size, int low32) { return raw_alloc_in(
 
 static uint64_t round_granule(uint64_t n) { return (n + POOL_GRANULE - 1) / POOL_GRANULE * POOL_GRANULE; }
 
+static CUresult free_block(struct hdr *h);
+
+/* Runs the stream-ordered frees of fp the device has reached, and (for an
+ * allocation on `stream`, which is ordered after them) those queued on
+ * that stream. */
+static void pool_settle(struct fake_pool *fp, int all_of_stream, uint64_t stream)
+{ /* all_of_stream 2: every pending free, due or not */
+	void *due[MAXPEND];
+	int n = 0;
+	uint64_t now = now_ns();
+	pthread_mutex_lock(&fp->mu);
+	for (int i = 0; i < fp->npend;) {
+		if (fp->pend[i].exec_at <= now || all_of_stream == 2 || (all_of_stream && fp->pend[i].stream == stream)) {
+			due[n++] = fp->pend[i].q;
+			fp->pend[i] = fp->pend[--fp->npend];
+			continue;
+		}
+		i++;
+	}
+	pthread_mutex_unlock(&fp->mu);
+	for (int i = 0; i < n; i++)
+		free_block((struct hdr *)((char *)due[i] - HDR));
+}
+
 static void *pool_alloc(struct fake_pool *fp, uint64_t size)
 {
 	pthread_mutex_lock(&fp->mu);
@@ -477,6 +700,8 @@ static void *pool_alloc(struct fake_pool *fp, uint64_t size)
 	return q;
 }
 
+#define MAGIC_PENDING 0x70656e64 /* freed in stream order, not yet run */
+
 static CUresult raw_free(void *q)
 {
 	if (q == NULL)
@@ -484,6 +709,11 @@ static CUresult raw_free(void *q)
 	struct hdr *h = (struct hdr *)((char *)q - HDR);
 	if (h->magic != MAGIC)
 		return CUDA_ERROR_INVALID_VALUE;
+	return free_block(h);
+}
+
+static CUresult free_block(struct hdr *h)
+{
 	h->magic = 0;
 	if (h->pool) {
 		struct fake_pool *fp = h->pool;
@@ -554,9 +784,11 @@ static CUresult alloc_pool(CUdeviceptr *p, size_t n, CUmemoryPool pool, CUstream
 static CUresult alloc_async(CUdeviceptr *p, size_t n, CUstream s)
 {
 	init();
-	if (cur == NULL)
+	/* The pool of the stream's device, not the current context's. */
+	struct fake_stream *fs = stream_of(s);
+	if (fs == NULL && cur == NULL)
 		return CUDA_ERROR_INVALID_CONTEXT;
-	return alloc_pool(p, n, (CUmemoryPool)&default_pool[cur->dev], s);
+	return alloc_pool(p, n, (CUmemoryPool)&default_pool[fs ? fs->dev : cur->dev], s);
 }
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, CUstream s) { return alloc_async(p, n, s); }
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t n, CUstream s) { return alloc_async(p, n, s); }
@@ -579,6 +811,7 @@ EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
 EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
 {
 	struct fake_pool *fp = (struct fake_pool *)pool;
+	pool_settle(fp, 0, 0);
 	pthread_mutex_lock(&fp->mu);
 	uint64_t want = round_granule(fp->live > keep ? fp->live : keep);
 	if (want < fp->reserved) {
@@ -597,6 +830,7 @@ EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
 	 * resources go when the last is freed; the handle is dead at once
 	 * (later calls on it are the caller's bug: here they fail). */
 	struct fake_pool *fp = (struct fake_pool *)pool;
+	pool_settle(fp, 2, 0); /* (simplification: its pending frees run now) */
 	pthread_mutex_lock(&fp->mu);
 	if (fp->live > 0) {
 		uint64_t keep = round_granule(fp->live);
@@ -622,6 +856,11 @@ EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
 EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value)
 {
 	struct fake_pool *fp = (struct fake_pool *)pool;
+	pthread_mutex_lock(&fp->mu);
+	int dead = fp->destroyed;
+	pthread_mutex_unlock(&fp->mu);
+	if (!dead)
+		pool_settle(fp, 0, 0);
 	pthread_mutex_lock(&fp->mu);
 	if (fp->destroyed) {
 		pthread_mutex_unlock(&fp->mu);
@@ -650,6 +889,7 @@ static CUresult alloc_pool(CUdeviceptr *p, size_t n, CUmemoryPool pool, CUstream
 	atomic_fetch_add(&F.alloc_calls, 1);
 	if (pool == NULL || n == 0)
 		return CUDA_ERROR_INVALID_VALUE;
+	pool_settle((struct fake_pool *)pool, 1, stream_id(s));
 	void *q = pool_alloc((struct fake_pool *)pool, n);
 	if (q == NULL)
 		return CUDA_ERROR_OUT_OF_MEMORY;
@@ -660,8 +900,32 @@ EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t n, CUmemoryPool p
 EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t n, CUmemoryPool pool, CUstream s) { return alloc_pool(p, n, pool, s); }
 EXPORT CUresult cuMemFree_v2(CUdeviceptr p) { return raw_free((void *)(uintptr_t)p); }
 EXPORT CUresult cuMemFree(CUdeviceptr_v1 p) { return raw_free((void *)(uintptr_t)p); }
-EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { (void)s; return raw_free((void *)(uintptr_t)p); }
-EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { (void)s; return raw_free((void *)(uintptr_t)p); }
+/* A pool block is freed when the device reaches the free (everything
+ * queued before it has run); other blocks at once. */
+static CUresult free_async(CUdeviceptr p, CUstream s)
+{
+	void *q = (void *)(uintptr_t)p;
+	if (q == NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct hdr *h = (struct hdr *)((char *)q - HDR);
+	if (h->magic != MAGIC)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct fake_pool *fp = h->pool;
+	uint64_t at = atomic_load(&F.clk->busy_until[h->dev]);
+	if (fp == NULL || at <= now_ns())
+		return free_block(h);
+	pthread_mutex_lock(&fp->mu);
+	if (fp->npend == MAXPEND) {
+		pthread_mutex_unlock(&fp->mu);
+		return free_block(h);
+	}
+	h->magic = MAGIC_PENDING;
+	fp->pend[fp->npend++] = (struct fake_pending){q, at, stream_id(s)};
+	pthread_mutex_unlock(&fp->mu);
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { return free_async(p, s); }
+EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { return free_async(p, s); }
 
 EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t n, const CUmemAllocationProp *prop,
 			    unsigned long long flags)
@@ -783,8 +1047,11 @@ static CUresult run_on_clock(uint64_t ns)
 		bucket_add(s, dev, start, start + ns);
 	}
 	uint64_t end = start + ns;
-	if (end > now + QUEUE_NS) {
-		uint64_t wait = end - now - QUEUE_NS;
+	for (uint64_t d = atomic_load(&cur->done_at); d < end && !atomic_compare_exchange_weak(&cur->done_at, &d, end);)
+		;
+	uint64_t qn = queue_ns();
+	if (end > now + qn) {
+		uint64_t wait = end - now - qn;
 		struct timespec ts = {(time_t)(wait / 1000000000ull), (long)(wait % 1000000000ull)};
 		nanosleep(&ts, NULL);
 	}
@@ -831,6 +1098,12 @@ EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsign
 	(void)bx; (void)by; (void)bz; (void)sh; (void)s; (void)p;
 	return launch(f, gx, gy, gz);
 }
+/* The legacy launch API (cuFuncSetBlockShape + cuLaunchGrid[Async]),
+ * deprecated but exported by CUDA 12 drivers (review 15). */
+EXPORT CUresult cuFuncSetBlockShape(CUfunction f, int x, int y, int z) { (void)f; (void)x; (void)y; (void)z; return CUDA_SUCCESS; }
+EXPORT CUresult cuLaunch(CUfunction f) { return launch(f, 1, 1, 1); }
+EXPORT CUresult cuLaunchGrid(CUfunction f, int w, int h) { return launch(f, (unsigned)w, (unsigned)h, 1); }
+EXPORT CUresult cuLaunchGridAsync(CUfunction f, int w, int h, CUstream s) { (void)s; return launch(f, (unsigned)w, (unsigned)h, 1); }
 EXPORT CUresult cuGraphCreate(CUgraph *g, unsigned flags) { (void)flags; *g = (CUgraph)(uintptr_t)1; return CUDA_SUCCESS; }
 /* A graph executes for FAKECUDA_GRAPH_NS (default 100 us). */
 EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned long long flags)
@@ -849,6 +1122,10 @@ EXPORT CUresult cuCtxSynchronize(void)
 	if (cur == NULL)
 		return CUDA_ERROR_INVALID_CONTEXT;
 	uint64_t bu = atomic_load(&F.clk->busy_until[cur->dev]), now = now_ns();
+	/* FAKECUDA_CTX_SYNC=1 (review 15): as the real driver, wait only for
+	 * the work queued from this context, not for the whole device. */
+	if (getenv("FAKECUDA_CTX_SYNC"))
+		bu = atomic_load(&cur->done_at);
 	if (bu > now) {
 		struct timespec ts = {(time_t)((bu - now) / 1000000000ull), (long)((bu - now) % 1000000000ull)};
 		nanosleep(&ts, NULL);
@@ -861,12 +1138,68 @@ EXPORT CUresult cuCtxSynchronize(void)
 	return CUDA_SUCCESS;
 }
 
+EXPORT CUresult cuStreamCreate(CUstream *s, unsigned flags)
+{
+	(void)flags;
+	if (cur == NULL)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	struct fake_stream *fs = malloc(sizeof *fs);
+	fs->dev = cur->dev;
+	fs->ctx = cur;
+	*s = (CUstream)fs;
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamDestroy_v2(CUstream s)
+{
+	free(stream_of(s));
+	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamGetCtx(CUstream s, CUcontext *c)
+{
+	struct fake_stream *fs = stream_of(s);
+	if (fs == NULL && cur == NULL)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	*c = (CUcontext)(fs ? fs->ctx : cur);
+	return CUDA_SUCCESS;
+}
+/* The fake's device is one serial queue: a stream is done when the device is. */
+EXPORT CUresult cuStreamSynchronize(CUstream s)
+{
+	struct fake_stream *fs = stream_of(s);
+	if (fs == NULL && cur == NULL)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	int dev = fs ? fs->dev : cur->dev;
+	uint64_t bu = atomic_load(&F.clk->busy_until[dev]), now = now_ns();
+	if (bu > now) {
+		struct timespec ts = {(time_t)((bu - now) / 1000000000ull), (long)((bu - now) % 1000000000ull)};
+		nanosleep(&ts, NULL);
+	}
+	cuMemPoolTrimTo((CUmemoryPool)&default_pool[dev], 0);
+	return CUDA_SUCCESS;
+}
+
 /* A newer ABI than the hook knows (as a future driver may add): the
  * table hands it out from version 13020. */
 EXPORT CUresult cuMemGetInfo_v3(size_t *f, size_t *t, unsigned int flags)
 {
 	(void)flags;
 	return cuMemGetInfo_v2(f, t);
+}
+
+/* Another: an allocation ABI from 13020 (issue 15 M6: the hook must not
+ * hand out what it cannot charge). */
+EXPORT CUresult cuMemAlloc_v3(CUdeviceptr *d, size_t size, unsigned int flags)
+{
+	(void)flags;
+	return cuMemAlloc_v2(d, size);
+}
+
+/* And a legacy launch ABI from 13020 (review 15: an unknown ABI of a
+ * launch must not be handed out under an SM limit). */
+EXPORT CUresult cuLaunchGrid_v2(CUfunction f, int w, int h, unsigned int flags)
+{
+	(void)flags;
+	return launch(f, (unsigned)w, (unsigned)h, 1);
 }
 
 /* ---- cuGetProcAddress ----------------------------------------------------- */
@@ -884,9 +1217,13 @@ EXPORT CUresult cuGetProcAddress(const char *, void **, int, cuuint64_t);
 static const struct pa table[] = {
 	E("cuInit", 2000, cuInit), E("cuDriverGetVersion", 2020, cuDriverGetVersion),
 	E("cuDeviceGet", 2000, cuDeviceGet), E("cuDeviceGetCount", 2000, cuDeviceGetCount),
+	E("cuDeviceGetUuid", 9020, cuDeviceGetUuid), E("cuDeviceGetUuid", 11040, cuDeviceGetUuid_v2),
 	E("cuDeviceTotalMem", 2000, cuDeviceTotalMem), E("cuDeviceTotalMem", 3020, cuDeviceTotalMem_v2),
 	E("cuCtxGetDevice", 2000, cuCtxGetDevice), E("cuCtxSetCurrent", 4000, cuCtxSetCurrent),
 	E("cuCtxGetCurrent", 4000, cuCtxGetCurrent), E("cuCtxSynchronize", 2000, cuCtxSynchronize),
+	E("cuCtxPushCurrent", 4000, cuCtxPushCurrent_v2), E("cuCtxPopCurrent", 4000, cuCtxPopCurrent_v2),
+	E("cuStreamCreate", 2000, cuStreamCreate), E("cuStreamDestroy", 4000, cuStreamDestroy_v2),
+	E("cuStreamGetCtx", 9020, cuStreamGetCtx), E("cuStreamSynchronize", 2000, cuStreamSynchronize),
 	E("cuCtxCreate", 3020, cuCtxCreate_v2), E("cuCtxCreate", 11040, cuCtxCreate_v3),
 	E("cuCtxCreate", 12050, cuCtxCreate_v4), E("cuCtxDestroy", 4000, cuCtxDestroy_v2),
 	E("cuCtxSetLimit", 3010, cuCtxSetLimit), E("cuCtxGetLimit", 3010, cuCtxGetLimit),
@@ -912,13 +1249,15 @@ static const struct pa table[] = {
 	E("cuMipmappedArrayCreate", 5000, cuMipmappedArrayCreate),
 	E("cuArrayDestroy", 2000, cuArrayDestroy), E("cuMipmappedArrayDestroy", 5000, cuMipmappedArrayDestroy),
 	E("cuMemGetInfo", 2000, cuMemGetInfo), E("cuMemGetInfo", 3020, cuMemGetInfo_v2),
-	E("cuMemGetInfo", 13020, cuMemGetInfo_v3),
+	E("cuMemGetInfo", 13020, cuMemGetInfo_v3), E("cuMemAlloc", 13020, cuMemAlloc_v3), E("cuLaunchGrid", 13020, cuLaunchGrid_v2),
 	E("cuModuleLoadData", 2000, cuModuleLoadData), E("cuModuleGetFunction", 2000, cuModuleGetFunction),
 	E("cuLaunchKernel", 4000, cuLaunchKernel), P("cuLaunchKernel", 4000, cuLaunchKernel_ptsz),
 	E("cuLaunchKernelEx", 11060, cuLaunchKernelEx), P("cuLaunchKernelEx", 11060, cuLaunchKernelEx_ptsz),
 	E("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel),
 	P("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel_ptsz),
 	E("cuGraphCreate", 10000, cuGraphCreate), E("cuGraphInstantiateWithFlags", 11040, cuGraphInstantiateWithFlags),
+	E("cuLaunch", 2000, cuLaunch), E("cuLaunchGrid", 2000, cuLaunchGrid), E("cuLaunchGridAsync", 2000, cuLaunchGridAsync),
+	E("cuFuncSetBlockShape", 2000, cuFuncSetBlockShape),
 	E("cuGraphLaunch", 10000, cuGraphLaunch), P("cuGraphLaunch", 10000, cuGraphLaunch_ptsz),
 	E("cuGetProcAddress", 11030, cuGetProcAddress), E("cuGetProcAddress", 12000, cuGetProcAddress_v2),
 };

@@ -8,11 +8,18 @@
  *  - the driver samples on a cadence (FAKENVML_SAMPLE_MS, default 167:
  *    1/6 s; real GPUs show 1/6 s to 1 s). A sample covers one whole
  *    cadence window, is stamped (CPU microseconds, CLOCK_REALTIME) with the
- *    window's end, and lists only processes with some SM time in it;
+ *    window's end (following a step of the wall clock), and lists only processes with some SM time in it;
  *  - only samples newer than lastSeenTimeStamp are returned; when there
  *    are none, NVML_ERROR_NOT_FOUND (between two samples, or on an idle
  *    device);
  *  - pids are host pids (FAKECUDA_PID_OFFSET of each process added).
+ *  - FAKENVML_LIE_AFTER_MS=t (hostile, not the default): from t ms after
+ *    this process's first call on, every listed process reads 100 % busy
+ *    (a driver that charges a neighbour's work to us), for the floor test.
+ *  - FAKENVML_RESTAMP_EVERY=k (test of a hostile driver, not the realistic
+ *    default): every k-th call that has nothing newer than lastSeen returns
+ *    the last window again stamped lastSeen + 1 us, as a stamp computed
+ *    twice across a clock adjustment or preemption would read.
  * FAKENVML_SAMPLE_MS=0 selects the idealised mode older tests were written
  * against: every call is a fresh sample of the time since the previous call.
  * nvmlDeviceGetComputeRunningProcesses_v3 lists processes with a live
@@ -20,6 +27,7 @@
  */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
@@ -73,6 +81,15 @@ EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t d, unsigned *i)
 	*i = (unsigned)idx(d);
 	return NVML_SUCCESS;
 }
+int fakecuda_uuid(int ord, char *out, unsigned n);
+/* Device i is CUdevice i (the fake numbers NVML devices as CUDA does), so
+ * its UUID follows CUDA_VISIBLE_DEVICES. */
+EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *out, unsigned n)
+{
+	if (idx(d) < 0 || idx(d) >= fakecuda_ndev() || !out)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	return fakecuda_uuid(idx(d), out, n) == 0 ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT;
+}
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m)
 {
 	if (idx(d) < 0 || idx(d) >= fakecuda_ndev() || !m)
@@ -99,12 +116,34 @@ static uint64_t cadence_ns(void)
 	return (v ? strtoull(v, NULL, 10) : 167) * 1000000ull;
 }
 
-static unsigned long long realtime_us_at(uint64_t mono)
+/* The driver stamps a sample once; a stamp recomputed at every call from
+ * two clock reads would move when the caller is preempted between them
+ * (FAKENVML_RESTAMP_EVERY models that on purpose). So the offset between
+ * the clocks is read once per process. */
+static pthread_once_t offset_once = PTHREAD_ONCE_INIT;
+static int64_t rt_minus_mono;
+
+static void read_offset(void)
 {
 	struct timespec rt;
+	uint64_t m0 = now_ns();
 	clock_gettime(CLOCK_REALTIME, &rt);
-	uint64_t rt_ns = (uint64_t)rt.tv_sec * 1000000000ull + (uint64_t)rt.tv_nsec, now = now_ns();
-	return (rt_ns - (now - mono)) / 1000;
+	uint64_t m1 = now_ns();
+	rt_minus_mono = (int64_t)((uint64_t)rt.tv_sec * 1000000000ull + (uint64_t)rt.tv_nsec) - (int64_t)(m0 / 2 + m1 / 2);
+}
+
+/* The driver stamps with the wall clock as it is now: a step of it (more
+ * than 1 s off the offset read at the start: settimeofday, an NTP step,
+ * the tests' clockstep.so) moves the stamps of later samples with it; the
+ * sub-millisecond jitter of reading two clocks does not. */
+static unsigned long long realtime_us_at(uint64_t mono)
+{
+	pthread_once(&offset_once, read_offset);
+	struct timespec rt;
+	clock_gettime(CLOCK_REALTIME, &rt);
+	int64_t drift = (int64_t)((uint64_t)rt.tv_sec * 1000000000ull + (uint64_t)rt.tv_nsec) - (int64_t)now_ns() - rt_minus_mono;
+	int64_t step = (drift > 1000000000ll || drift < -1000000000ll) ? drift : 0;
+	return (unsigned long long)((int64_t)mono + rt_minus_mono + step) / 1000;
 }
 
 static nvmlReturn_t idealised_procutil(int dev, nvmlProcessUtilizationSample_t *out, unsigned *count);
@@ -122,6 +161,11 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessU
 	unsigned long long ts = realtime_us_at(end);
 	uint64_t pids[MAXP], busy[MAXP];
 	int n = end >= p ? fakecuda_window(dev, end - p, end, pids, busy, MAXP) : 0;
+	static _Atomic unsigned long stale_calls;
+	const char *rs = getenv("FAKENVML_RESTAMP_EVERY");
+	unsigned long every = rs ? strtoul(rs, NULL, 10) : 0;
+	if (ts <= lastSeen && n > 0 && every > 0 && lastSeen != 0 && ++stale_calls % every == 0)
+		ts = lastSeen + 1;
 	if (ts <= lastSeen || n == 0) {
 		*count = 0;
 		return NVML_ERROR_NOT_FOUND;
@@ -130,8 +174,13 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessU
 		*count = (unsigned)n;
 		return NVML_ERROR_INSUFFICIENT_SIZE;
 	}
+	static _Atomic uint64_t first_call;
+	uint64_t z = 0, t0 = now_ns();
+	atomic_compare_exchange_strong(&first_call, &z, t0);
+	const char *lie = getenv("FAKENVML_LIE_AFTER_MS");
+	int lying = lie && t0 - atomic_load(&first_call) >= strtoull(lie, NULL, 10) * 1000000ull;
 	for (int i = 0; i < n; i++) {
-		uint64_t u = busy[i] * 100 / p;
+		uint64_t u = lying ? 100 : busy[i] * 100 / p;
 		out[i] = (nvmlProcessUtilizationSample_t){(unsigned)pids[i], ts, (unsigned)(u > 100 ? 100 : u), 0, 0, 0};
 	}
 	*count = (unsigned)n;
@@ -155,12 +204,31 @@ EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsi
 		return NVML_ERROR_INVALID_ARGUMENT;
 	uint64_t pids[MAXP], mem[MAXP];
 	int n = fakecuda_ctx_procs(dev, pids, mem, MAXP);
+	/* FAKENVML_EXTRA_PROCS=N: N other processes (1 MiB each) listed before
+	 * the fake's own, as on a busy node (review 15: more than 64). */
+	const char *xv = getenv("FAKENVML_EXTRA_PROCS");
+	int extra = xv ? atoi(xv) : 0;
+	if (extra < 0 || extra > MAXP)
+		extra = 0;
+	if (extra > 0 && n + extra <= MAXP) {
+		memmove(pids + extra, pids, (size_t)n * sizeof *pids);
+		memmove(mem + extra, mem, (size_t)n * sizeof *mem);
+		for (int i = 0; i < extra; i++) {
+			pids[i] = 0x7f000000u + (unsigned)i;
+			mem[i] = 1u << 20;
+		}
+		n += extra;
+	}
 	if (out == NULL || *count < (unsigned)n) {
 		*count = (unsigned)n;
 		return n == 0 ? NVML_SUCCESS : NVML_ERROR_INSUFFICIENT_SIZE;
 	}
+	/* FAKENVML_MEM_NOT_AVAILABLE=1: usedGpuMemory is NVML_VALUE_NOT_AVAILABLE
+	 * (~0ull), as NVML reports it where it may not tell per-process memory
+	 * (MIG without privilege, vGPU guests, WDDM; review 15). */
+	int na = getenv("FAKENVML_MEM_NOT_AVAILABLE") != NULL;
 	for (int i = 0; i < n; i++)
-		out[i] = (nvmlProcessInfo_t){(unsigned)pids[i], mem[i], 0xffffffffu, 0xffffffffu};
+		out[i] = (nvmlProcessInfo_t){(unsigned)pids[i], na ? ~0ull : mem[i], 0xffffffffu, 0xffffffffu};
 	*count = (unsigned)n;
 	return NVML_SUCCESS;
 }

@@ -8,6 +8,7 @@
  * driver never hands out the same live handle twice, so a key is present
  * at most once. Tombstones are reused by inserts; lookups stop at EMPTY.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -120,28 +121,132 @@ int gp_table_take(struct gp_table *t, uint64_t key, int kind, int *dev, uint64_t
 	}
 }
 
+/* ---- devices and limits indices -----------------------------------------
+ * Issue 14 finding 7: the limits and the shared region's per-device
+ * counters used to be kept per CUdevice ordinal, which the tenant's
+ * CUDA_VISIBLE_DEVICES chooses: with "0" in one process and "1,0" in
+ * another, both charged GPU-A under different ordinals, up to twice its
+ * limit. With GPUPACK_DEVICE_UUID_<i> in the trusted file, an ordinal
+ * counts as the index whose UUID the driver reports for it; the map is
+ * made once per device (the first charge on it) and cached. */
+
+static void format_uuid(const unsigned char *u, char *out, size_t n)
+{
+	snprintf(out, n, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1], u[2],
+		 u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+}
+
+static int index_of_uuid(const unsigned char *u)
+{
+	for (int i = 0; i < GP_MAX_DEV; i++)
+		if ((gp.cfg.uuid_set & (1u << i)) && !memcmp(gp.cfg.uuid[i], u, 16))
+			return i;
+	return GP_DEV_NONE;
+}
+
+int gp_dev_resolve(int dev)
+{
+	if (dev < 0 || dev >= GP_MAX_DEV)
+		return GP_DEV_NONE;
+	CUuuid u;
+	CUresult rc = gp.dev_get_uuid ? gp.dev_get_uuid(&u, dev) : CUDA_ERROR_NOT_FOUND;
+	if (rc == CUDA_ERROR_NOT_INITIALIZED)
+		return GP_DEV_NONE; /* before cuInit: ask again next time */
+	int i = rc == CUDA_SUCCESS ? index_of_uuid((const unsigned char *)u.bytes) : GP_DEV_NONE;
+	int z = 0;
+	if (!atomic_compare_exchange_strong(&gp.dev_index[dev], &z, i < 0 ? -1 : i + 1))
+		return z > 0 ? z - 1 : GP_DEV_NONE; /* another thread asked first: its answer */
+	if (i < 0) {
+		char s[40] = "";
+		if (rc == CUDA_SUCCESS)
+			format_uuid((const unsigned char *)u.bytes, s, sizeof s);
+		if (rc == CUDA_SUCCESS)
+			gp_log(GP_LOG_ERROR, "CUDA device %d (UUID %s) is none of the GPUs in the limits file; "
+			       "its GPU memory allocations are refused", dev, s);
+		else
+			gp_log(GP_LOG_ERROR, "CUDA device %d: the driver does not tell its UUID (%s %d); "
+			       "its GPU memory allocations are refused", dev,
+			       gp.dev_get_uuid ? "cuDeviceGetUuid returned" : "no cuDeviceGetUuid, error", rc);
+	}
+	return i;
+}
+
+/* Called at init, when the driver may not be initialised: the map is only
+ * looked at, never made (that would log about devices that do not
+ * exist). */
+int gp_sm_limit(int dev)
+{
+	if (!gp.cfg.uuid_set)
+		return dev >= 0 && dev < GP_MAX_DEV ? gp.cfg.sm_limit[dev] : 0;
+	int v = dev >= 0 && dev < GP_MAX_DEV ? atomic_load(&gp.dev_index[dev]) : -1;
+	if (v > 0)
+		return gp.cfg.sm_limit[v - 1];
+	/* Not mapped (yet): the tightest limit the file gives any GPU. */
+	int t = 0;
+	for (int j = 0; j < GP_MAX_DEV; j++)
+		if ((gp.cfg.uuid_set & (1u << j)) && gp.cfg.sm_limit[j] != 0 && (t == 0 || gp.cfg.sm_limit[j] < t))
+			t = gp.cfg.sm_limit[j];
+	return t;
+}
+
+int gp_nvml_index(nvmlDevice_t d)
+{
+	if (!gp.cfg.uuid_set) {
+		unsigned int idx;
+		if (gp.nvml_index == NULL || gp.nvml_index(d, &idx) != NVML_SUCCESS || idx >= GP_MAX_DEV)
+			return GP_DEV_NONE;
+		return (int)idx;
+	}
+	char buf[96];
+	unsigned char u[16];
+	if (gp.nvml_uuid == NULL || gp.nvml_uuid(d, buf, sizeof buf) != NVML_SUCCESS)
+		return GP_DEV_NONE;
+	buf[sizeof buf - 1] = '\0';
+	return gp_parse_uuid(buf, u) == 0 ? index_of_uuid(u) : GP_DEV_NONE;
+}
+
+int gp_index_dev(int i)
+{
+	if (!gp.cfg.uuid_set)
+		return i;
+	for (int d = 0; d < GP_MAX_DEV; d++)
+		if (atomic_load(&gp.dev_index[d]) == i + 1)
+			return d;
+	return -1;
+}
+
+uint64_t gp_index_used(int i)
+{
+	return i < 0 ? 0 : gp_region_used(&gp.region, i);
+}
+
 CUresult gp_charge(int dev, uint64_t size)
 {
 	if (!gp_mem_limited(dev) || size == 0)
 		return CUDA_SUCCESS;
-	if (gp_region_reserve(&gp.region, dev, size, gp.cfg.mem_limit[dev]) == 0)
+	int i = gp_dev_index(dev);
+	if (i >= 0 && gp_region_reserve(&gp.region, i, size, gp.cfg.mem_limit[i]) == 0)
 		return CUDA_SUCCESS;
 	gp_log(GP_LOG_INFO, "device %d: refusing %llu bytes (used %llu of %llu)", dev,
 	       (unsigned long long)size, (unsigned long long)gp_used(dev),
-	       (unsigned long long)gp.cfg.mem_limit[dev]);
+	       (unsigned long long)gp_mem_limit(dev));
 	return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
 void gp_uncharge(int dev, uint64_t size)
 {
-	if (gp_mem_limited(dev) && size != 0)
-		gp_region_release(&gp.region, dev, size);
+	int i;
+	if (gp_mem_limited(dev) && size != 0 && (i = gp_dev_index(dev)) >= 0)
+		gp_region_release(&gp.region, i, size);
 }
 
+/* A device with no index (GP_DEV_NONE) has nowhere to be charged; nothing
+ * is charged on it either, since every charge on it is refused. */
 void gp_charge_force(int dev, uint64_t size)
 {
-	if (gp_mem_limited(dev) && size != 0)
-		gp_region_add(&gp.region, dev, size);
+	int i;
+	if (gp_mem_limited(dev) && size != 0 && (i = gp_dev_index(dev)) >= 0)
+		gp_region_add(&gp.region, i, size);
 }
 
 void gp_track(uint64_t key, int kind, int dev, uint64_t size, uint64_t pool)
@@ -196,6 +301,7 @@ static int pool_find(uint64_t pool, int dev, int add)
 	gp.pools.e[gp.pools.n].pool = pool;
 	gp.pools.e[gp.pools.n].dev = dev;
 	gp.pools.e[gp.pools.n].live = gp.pools.e[gp.pools.n].slack = 0;
+	gp.pools.e[gp.pools.n].npend = 0;
 	return gp.pools.n++;
 }
 
@@ -251,9 +357,49 @@ static void reconcile_locked(int i, uint64_t reserved)
 	gp.pools.e[i].slack = want;
 }
 
-/* Memory the pool already holds (slack) serves the request first; only
- * the rest is charged, and refused if over the limit. */
-CUresult gp_pool_begin(uint64_t pool, int dev, uint64_t size, uint64_t *taken)
+/* Pending stream-ordered frees of pool i on stream (0 if none). */
+static uint64_t *pend_of(int i, uint64_t stream, int add)
+{
+	for (int k = 0; k < gp.pools.e[i].npend; k++)
+		if (gp.pools.e[i].pend[k].stream == stream)
+			return &gp.pools.e[i].pend[k].bytes;
+	if (!add)
+		return NULL;
+	if (gp.pools.e[i].npend == 8) {
+		/* Out of room: the rest pooled under a stream no request has
+		 * (no reuse credit, which can only refuse early). */
+		stream = UINT64_MAX;
+		for (int k = 0; k < 8; k++)
+			if (gp.pools.e[i].pend[k].stream == stream)
+				return &gp.pools.e[i].pend[k].bytes;
+		gp.pools.e[i].pend[7].stream = stream;
+		return &gp.pools.e[i].pend[7].bytes;
+	}
+	int k = gp.pools.e[i].npend++;
+	gp.pools.e[i].pend[k].stream = stream;
+	gp.pools.e[i].pend[k].bytes = 0;
+	return &gp.pools.e[i].pend[k].bytes;
+}
+
+void gp_pool_pending(uint64_t pool, uint64_t stream, uint64_t size)
+{
+	pthread_mutex_lock(&gp.pools.mu);
+	int i = pool_find(pool, -1, 0);
+	if (i >= 0) {
+		uint64_t *b = pend_of(i, stream, 1);
+		*b = *b > UINT64_MAX - size ? UINT64_MAX : *b + size;
+	}
+	pthread_mutex_unlock(&gp.pools.mu);
+}
+
+/* Memory the pool already holds (slack) serves the request first, as far
+ * as the driver can reuse it (gp_pool_begin in state.h); only the rest is
+ * charged, and refused if over the limit. Before (issue 15 M7), a block
+ * freed with cuMemFreeAsync counted as reusable at the call: a request on
+ * another stream passed uncharged, reached the driver while the free had
+ * not run, and the pool grew past the limit before the hook took it back. */
+CUresult gp_pool_begin(uint64_t pool, int dev, uint64_t size, uint64_t stream, uint64_t reserved, uint64_t used,
+		       uint64_t *taken)
 {
 	pthread_mutex_lock(&gp.pools.mu);
 	int i = pool_find(pool, dev, 1);
@@ -262,11 +408,28 @@ CUresult gp_pool_begin(uint64_t pool, int dev, uint64_t size, uint64_t *taken)
 		*taken = 0;
 		return gp_charge(dev, size);
 	}
-	uint64_t take = gp.pools.e[i].slack < size ? gp.pools.e[i].slack : size;
+	reconcile_locked(i, reserved);
+	uint64_t usable = gp.pools.e[i].slack, idle = usable, credit = 0;
+	uint64_t *pend = NULL;
+	if (reserved != GP_RESERVED_UNKNOWN && used != GP_RESERVED_UNKNOWN) {
+		uint64_t live = gp.pools.e[i].live;
+		uint64_t pending = used > live ? used - live : 0; /* frees the driver has yet to run */
+		if (pending == 0)
+			gp.pools.e[i].npend = 0;
+		idle = reserved > used ? reserved - used : 0;
+		if ((pend = pend_of(i, stream, 0)) != NULL)
+			credit = *pend < pending ? *pend : pending;
+		if (idle + credit < usable)
+			usable = idle + credit;
+	} else
+		idle = usable; /* the driver's figures unknown: the old rule */
+	uint64_t take = usable < size ? usable : size;
 	CUresult rc = gp_charge(dev, size - take);
 	if (rc == CUDA_SUCCESS) {
 		gp.pools.e[i].slack -= take;
 		gp.pools.e[i].live += size;
+		if (pend != NULL && take > idle)
+			*pend -= take - idle < *pend ? take - idle : *pend;
 		*taken = take;
 	}
 	pthread_mutex_unlock(&gp.pools.mu);
@@ -343,7 +506,7 @@ int gp_pool_list(int dev, uint64_t *out, int max)
 
 uint64_t gp_used(int dev)
 {
-	return gp_region_used(&gp.region, dev);
+	return gp_index_used(gp_dev_index(dev));
 }
 
 static unsigned format_bytes(int f)

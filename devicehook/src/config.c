@@ -30,7 +30,16 @@
  *   - keys: CUDA_DEVICE_MEMORY_LIMIT[_i], CUDA_DEVICE_SM_LIMIT[_i] (i <
  *     GP_MAX_DEV), CUDA_DEVICE_MEMORY_SHARED_CACHE (absolute path),
  *     GPUPACK_CONTEXT_RESERVE, LIBCUDA_LOG_LEVEL, values as in the
- *     environment; other keys are ignored (forward compatible, debug log);
+ *     environment; GPUPACK_DEVICE_UUID_<i> (file only: the GPU that limits
+ *     index i is, "GPU-" or "MIG-" and 8-4-4-4-12 hex digits; no UUID may
+ *     be given for two indices); other keys are ignored (forward
+ *     compatible, debug log);
+ *   - with any GPUPACK_DEVICE_UUID_<i>, index i names that GPU, not the
+ *     process's CUDA device i: the hook maps each CUdevice to an index by
+ *     cuDeviceGetUuid (account.c, gp_dev_index), so CUDA_VISIBLE_DEVICES
+ *     and CUDA_DEVICE_ORDER (the tenant's) cannot move a charge to
+ *     another index; a device whose UUID is not in the file gets no
+ *     memory. Without them, index i is CUDA device i (older plugins);
  *   - unparsable, and so fail closed (every GPU memory allocation refused,
  *     one ERROR line): larger than GP_LIMITS_MAX, not a regular file,
  *     unreadable, a NUL byte, a line without '=', an empty key, a bad value
@@ -47,7 +56,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/syscall.h>
 #include <unistd.h>
+#ifdef __has_include
+#if __has_include(<linux/openat2.h>)
+#include <linux/openat2.h>
+#endif
+#endif
 
 #include "state.h"
 
@@ -320,6 +336,34 @@ static int file_key(const char *k, const char *prefix)
 	return *p == '\0' ? i : -3;
 }
 
+/* "GPU-" or "MIG-", then 8-4-4-4-12 hex digits (either case): the 16
+ * bytes of cuDeviceGetUuid / nvmlDeviceGetUUID. 0, or -1 when malformed. */
+int gp_parse_uuid(const char *s, unsigned char out[16])
+{
+	if (strncmp(s, "GPU-", 4) && strncmp(s, "MIG-", 4))
+		return -1;
+	s += 4;
+	int n = 0;
+	for (int i = 0; i < 36; i++) {
+		if (i == 8 || i == 13 || i == 18 || i == 23) {
+			if (s[i] != '-')
+				return -1;
+			continue;
+		}
+		int v = isdigit((unsigned char)s[i]) ? s[i] - '0'
+			: (s[i] >= 'a' && s[i] <= 'f') ? s[i] - 'a' + 10
+			: (s[i] >= 'A' && s[i] <= 'F') ? s[i] - 'A' + 10 : -1;
+		if (v < 0)
+			return -1;
+		if (n % 2 == 0)
+			out[n / 2] = (unsigned char)(v << 4);
+		else
+			out[n / 2] |= (unsigned char)v;
+		n++;
+	}
+	return s[36] == '\0' ? 0 : -1;
+}
+
 #define FAIL(...)                                         \
 	do {                                              \
 		snprintf(err, errlen, __VA_ARGS__);       \
@@ -378,6 +422,7 @@ int gp_config_from_file(struct gp_config *c, const char *buf, size_t len, char *
 		memcpy(key, a, kl);
 		key[kl] = '\0';
 		int known = file_key(key, "CUDA_DEVICE_MEMORY_LIMIT") != -1 || file_key(key, "CUDA_DEVICE_SM_LIMIT") != -1 ||
+			    file_key(key, "GPUPACK_DEVICE_UUID") != -1 ||
 			    !strcmp(key, "CUDA_DEVICE_MEMORY_SHARED_CACHE") || !strcmp(key, "GPUPACK_CONTEXT_RESERVE") ||
 			    !strcmp(key, "LIBCUDA_LOG_LEVEL");
 		if (!known) {
@@ -404,6 +449,19 @@ int gp_config_from_file(struct gp_config *c, const char *buf, size_t len, char *
 				mem_generic = v == 0 ? GP_UNLIMITED : v;
 			else
 				mem_dev[i] = v == 0 ? GP_UNLIMITED : v;
+		} else if ((i = file_key(key, "GPUPACK_DEVICE_UUID")) != -1) {
+			unsigned char u[16];
+			if (i < 0)
+				FAIL("line %d: %.64s is not a device index below %d", line, key, GP_MAX_DEV);
+			if (gp_parse_uuid(val, u) != 0)
+				FAIL("line %d: %.64s=%.64s is not a GPU UUID (GPU-/MIG- and 8-4-4-4-12 hex digits)", line, key, val);
+			if (c->uuid_set & (1u << i))
+				FAIL("line %d: %.64s is given twice", line, key);
+			for (int j = 0; j < GP_MAX_DEV; j++)
+				if ((c->uuid_set & (1u << j)) && !memcmp(c->uuid[j], u, 16))
+					FAIL("line %d: %.64s names the GPU of GPUPACK_DEVICE_UUID_%d too", line, key, j);
+			memcpy(c->uuid[i], u, 16);
+			c->uuid_set |= 1u << i;
 		} else if ((i = file_key(key, "CUDA_DEVICE_SM_LIMIT")) != -1) {
 			int v;
 			if (i == -3)
@@ -455,12 +513,59 @@ int gp_config_from_file(struct gp_config *c, const char *buf, size_t len, char *
 }
 #undef FAIL
 
-void gp_config_load(struct gp_config *c, char *const *envp, const char *path)
+int gp_installed_by_node(const char *lib_path)
+{
+	if (lib_path == NULL || lib_path[0] == '\0')
+		return 0;
+	const char *slash = strrchr(lib_path, '/');
+	char path[4096];
+	int n = slash == NULL ? snprintf(path, sizeof path, "%s", GP_NODE_MARKER)
+			      : snprintf(path, sizeof path, "%.*s/%s", (int)(slash - lib_path), lib_path, GP_NODE_MARKER);
+	if (n < 0 || (size_t)n >= sizeof path)
+		return 1; /* cannot tell: the strict reading */
+	struct stat st;
+	/* Any kind of file: the folder is a read-only mount, so nothing in
+	 * the container can remove the stamp, only cover it (which leaves a
+	 * mount point, still there). */
+	if (lstat(path, &st) == 0)
+		return 1;
+	return errno != ENOENT && errno != ENOTDIR; /* EACCES etc.: strict */
+}
+
+/* Opens the limits file without following a symlink anywhere in the path
+ * (openat2 RESOLVE_NO_SYMLINKS, Linux 5.6), else (older kernels, a seccomp
+ * profile that answers ENOSYS) without following one as the last
+ * component (O_NOFOLLOW). A symlink the image plants at or above the path
+ * is then ELOOP: something is there that is not the node's file, which
+ * fails closed. O_NONBLOCK: a FIFO planted at the path must not hang
+ * every CUDA process; it is refused as not a regular file. */
+static int open_limits(const char *path)
+{
+	int flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY | O_NOFOLLOW;
+#if defined(SYS_openat2) && defined(RESOLVE_NO_SYMLINKS)
+	struct open_how how = {.flags = (uint64_t)flags, .resolve = RESOLVE_NO_SYMLINKS};
+	long fd = syscall(SYS_openat2, AT_FDCWD, path, &how, sizeof how);
+	if (fd >= 0 || (errno != ENOSYS && errno != EPERM && errno != E2BIG))
+		return (int)fd;
+#endif
+	return open(path, flags);
+}
+
+void gp_config_load(struct gp_config *c, char *const *envp, const char *path, int node, int require_ro)
 {
 	char err[256];
-	/* O_NONBLOCK: a FIFO planted at the path must not hang every CUDA
-	 * process; it is refused below as not a regular file. */
-	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+	int fd = open_limits(path);
+	if (fd < 0 && (errno == ENOENT || errno == ENOTDIR) && node) {
+		/* The node's own library without its limits file: something in
+		 * the image or a volume hides the file (a symlink plus a mount
+		 * over its target). The environment is the tenant's: refuse. */
+		int e = errno;
+		config_closed(c);
+		log_level = c->log_level;
+		gp_log(GP_LOG_ERROR, "limits file %s is missing (%s) although this library is gpupack-node's; "
+		       "every GPU memory allocation is refused", path, strerror(e));
+		return;
+	}
 	if (fd < 0 && (errno == ENOENT || errno == ENOTDIR)) {
 		gp_config_from_env(c, envp);
 		return;
@@ -469,12 +574,21 @@ void gp_config_load(struct gp_config *c, char *const *envp, const char *path)
 	char *buf = NULL;
 	size_t len = 0;
 	struct stat st;
-	if (fd < 0)
+	struct statvfs vfs;
+	if (fd < 0 && errno == ELOOP)
+		why = "is (or is reached through) a symlink";
+	else if (fd < 0)
 		snprintf(err, sizeof err, "cannot be opened: %s", strerror(errno)), why = err;
 	else if (fstat(fd, &st) != 0)
 		snprintf(err, sizeof err, "cannot be read: %s", strerror(errno)), why = err;
 	else if (!S_ISREG(st.st_mode))
 		why = "is not a regular file";
+	else if (require_ro && fstatvfs(fd, &vfs) != 0)
+		snprintf(err, sizeof err, "cannot be checked: %s", strerror(errno)), why = err;
+	else if (require_ro && !(vfs.f_flag & ST_RDONLY))
+		/* gpupack-node's device plugin mounts it read-only; a writable
+		 * one is a file the container put there, or can change. */
+		why = "is not on a read-only mount";
 	else if (st.st_size > GP_LIMITS_MAX)
 		snprintf(err, sizeof err, "is larger than %d bytes", GP_LIMITS_MAX), why = err;
 	else if ((buf = malloc(GP_LIMITS_MAX + 1)) == NULL)
@@ -512,4 +626,44 @@ void gp_config_load(struct gp_config *c, char *const *envp, const char *path)
 	if (err[0])
 		gp_log(GP_LOG_DEBUG, "limits file %s: %s", path, err);
 	gp_log(GP_LOG_INFO, "limits from %s; the environment's limits and CUDA_DISABLE_CONTROL are ignored", path);
+}
+
+/* Whether the process could change the file open at fd (issue 15 H3a: a
+ * library the hook loads on the node's behalf must not be the tenant's).
+ * NULL when it cannot: the file is on a read-only mount (the NVIDIA
+ * container toolkit bind-mounts the driver's libraries read-only), or it
+ * is owned by another uid, not writable by group or others, and this
+ * process has neither root's uid nor CAP_DAC_OVERRIDE/CAP_FOWNER.
+ * Otherwise the reason, for the log. Group ownership is not looked up: a
+ * group-writable file counts as writable whatever the groups. */
+const char *gp_fd_writable_by_us(int fd)
+{
+	struct stat st;
+	struct statvfs vfs;
+	if (fstat(fd, &st) != 0 || fstatvfs(fd, &vfs) != 0)
+		return "cannot be checked";
+	if (!S_ISREG(st.st_mode))
+		return "is not a regular file";
+	if (vfs.f_flag & ST_RDONLY)
+		return NULL;
+	uid_t me = geteuid();
+	if (me == 0)
+		return "is on a writable mount and this process is root";
+	if (st.st_uid == me)
+		return "is owned by this process's uid";
+	if (st.st_mode & (S_IWGRP | S_IWOTH))
+		return "is writable by group or others";
+	/* Effective capabilities, from /proc/self/status (CapEff, hex). */
+	FILE *f = fopen("/proc/self/status", "re");
+	unsigned long long eff = ~0ull; /* unknown: assume the worst */
+	if (f != NULL) {
+		char line[256];
+		while (fgets(line, sizeof line, f))
+			if (sscanf(line, "CapEff: %llx", &eff) == 1)
+				break;
+		fclose(f);
+	}
+	if (eff & ((1ull << 1) /* CAP_DAC_OVERRIDE */ | (1ull << 3) /* CAP_FOWNER */))
+		return "is on a writable mount and this process may override file permissions";
+	return NULL;
 }

@@ -27,6 +27,9 @@ typedef struct CUgraphExec_st *CUgraphExec;
 typedef struct CUgraph_st *CUgraph;
 typedef struct CUmod_st *CUmodule;
 typedef int CUdriverProcAddressQueryResult;
+typedef struct CUuuid_st {
+	char bytes[16];
+} CUuuid; /* cuDeviceGetUuid[_v2] */
 
 enum {
 	CUDA_SUCCESS = 0,
@@ -141,7 +144,13 @@ typedef struct {
 	unsigned int numAttrs;
 } CUlaunchConfig;
 
-typedef enum { CU_LIMIT_STACK_SIZE = 0x00, CU_LIMIT_PRINTF_FIFO_SIZE = 0x01, CU_LIMIT_MALLOC_HEAP_SIZE = 0x02 } CUlimit;
+typedef enum {
+	CU_LIMIT_STACK_SIZE = 0x00,
+	CU_LIMIT_PRINTF_FIFO_SIZE = 0x01,
+	CU_LIMIT_MALLOC_HEAP_SIZE = 0x02,
+	CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH = 0x03,
+	CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT = 0x04
+} CUlimit;
 enum { CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR = 39 };
 
 /* NVML. */

@@ -137,6 +137,7 @@ static void nvml_load(void)
 	if (gp.libnvml == NULL)
 		return;
 	gp.nvml_index = (gp_fn_nvml_index)gp.real_dlsym(gp.libnvml, "nvmlDeviceGetIndex");
+	gp.nvml_uuid = (nvmlReturn_t(*)(nvmlDevice_t, char *, unsigned int))gp.real_dlsym(gp.libnvml, "nvmlDeviceGetUUID");
 }
 
 static void *real_of(int i)
@@ -187,7 +188,13 @@ static void init_once(void)
 {
 	if (gp.real_dlsym == NULL)
 		resolve_real_dlsym();
-	gp_config_load(&gp.cfg, environ, GP_LIMITS_PATH);
+	/* Where the loader found this library: gpupack-node's read-only
+	 * hook folder (its stamp beside us), or the node's hook folder mounted
+	 * at its default path, means the limits file must exist. */
+	Dl_info self;
+	int node = (dladdr((void *)gp_init, &self) != 0 && gp_installed_by_node(self.dli_fname)) ||
+		   gp_installed_by_node(GP_NODE_HOOK_LIB);
+	gp_config_load(&gp.cfg, environ, GP_LIMITS_PATH, node, 1);
 	/* Without glibc's dlsym nothing of the driver can be found: every
 	 * wrapped call then answers CUDA_ERROR_NOT_FOUND (fail closed). */
 	gp.libcuda = gp.real_dlsym ? dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL) : NULL;
@@ -201,8 +208,21 @@ static void init_once(void)
 		gp.pool_trim = (gp_fn_pool_trim)gp.real_dlsym(gp.libcuda, "cuMemPoolTrimTo");
 		gp.mem_alloc = (CUresult(*)(CUdeviceptr *, size_t))gp.real_dlsym(gp.libcuda, "cuMemAlloc_v2");
 		gp.mem_free = (CUresult(*)(CUdeviceptr))gp.real_dlsym(gp.libcuda, "cuMemFree_v2");
+		gp.ctx_destroy = (CUresult(*)(CUcontext))gp.real_dlsym(gp.libcuda, "cuCtxDestroy_v2");
+		gp.primary_release = (CUresult(*)(CUdevice))gp.real_dlsym(gp.libcuda, "cuDevicePrimaryCtxRelease_v2");
 		gp.ctx_get_limit = (CUresult(*)(size_t *, CUlimit))gp.real_dlsym(gp.libcuda, "cuCtxGetLimit");
 		gp.dev_get_attr = (CUresult(*)(int *, int, CUdevice))gp.real_dlsym(gp.libcuda, "cuDeviceGetAttribute");
+		gp.dev_total_mem = (CUresult(*)(size_t *, CUdevice))gp.real_dlsym(gp.libcuda, "cuDeviceTotalMem_v2");
+		gp.ctx_sync = (CUresult(*)(void))gp.real_dlsym(gp.libcuda, "cuCtxSynchronize");
+		gp.stream_get_ctx = (CUresult(*)(CUstream, CUcontext *))gp.real_dlsym(gp.libcuda, "cuStreamGetCtx");
+		gp.ctx_push = (CUresult(*)(CUcontext))gp.real_dlsym(gp.libcuda, "cuCtxPushCurrent_v2");
+		gp.ctx_pop = (CUresult(*)(CUcontext *))gp.real_dlsym(gp.libcuda, "cuCtxPopCurrent_v2");
+		/* The driver's own (never through cuGetProcAddress, which a
+		 * tenant's code may have reached first): _v2 where the driver
+		 * has it (CUDA 11.4+; a MIG instance's own UUID), else v1. */
+		gp.dev_get_uuid = (CUresult(*)(CUuuid *, CUdevice))gp.real_dlsym(gp.libcuda, "cuDeviceGetUuid_v2");
+		if (gp.dev_get_uuid == NULL)
+			gp.dev_get_uuid = (CUresult(*)(CUuuid *, CUdevice))gp.real_dlsym(gp.libcuda, "cuDeviceGetUuid");
 	}
 	if (gp_table_init(&gp.table, 17) != 0)
 		gp_log(GP_LOG_ERROR, "cannot map the allocation table");
@@ -252,6 +272,32 @@ static inline int cur_dev(void)
 	if (gp.ctx_get_device && gp.ctx_get_device(&d) == CUDA_SUCCESS)
 		return d;
 	return -1;
+}
+
+/* The device of a stream: that of the context it was created in (issue 15
+ * M3: cuMemAllocAsync allocates on the stream's device, whatever context
+ * is current). The default streams (NULL, CU_STREAM_LEGACY,
+ * CU_STREAM_PER_THREAD) are the current context's. The driver is asked
+ * (cuStreamGetCtx, then the context's device with it pushed current for
+ * the moment), so nothing depends on our bookkeeping of streams. */
+static int stream_dev(CUstream s)
+{
+	CUcontext c = NULL, now = NULL, popped;
+	if ((uintptr_t)s <= 2 || gp.stream_get_ctx == NULL || gp.stream_get_ctx(s, &c) != CUDA_SUCCESS || c == NULL)
+		return cur_dev();
+	if (gp.ctx_get_current && gp.ctx_get_current(&now) == CUDA_SUCCESS && now == c)
+		return cur_dev();
+	if (gp.ctx_push == NULL || gp.ctx_pop == NULL || gp.ctx_push(c) != CUDA_SUCCESS)
+		return -1; /* cannot tell: refused if the current device is limited */
+	int d = cur_dev();
+	gp.ctx_pop(&popped);
+	return d;
+}
+
+/* Stream identity for stream-ordered reuse: the default streams are one. */
+static inline uint64_t stream_key(CUstream s)
+{
+	return (uintptr_t)s <= 2 ? 0 : (uint64_t)(uintptr_t)s;
 }
 
 /* After the driver answered an allocation we had charged: keep the charge
@@ -314,7 +360,9 @@ static CUresult charge(int dev, uint64_t size)
 		return rc_;                                                   \
 	} while (0)
 
-static void virtualize(int dev, uint64_t *freep, uint64_t *totalp)
+/* What a container sees of limits index idx (dev: a CUdevice of it whose
+ * pools to ask, or -1). */
+static void virtualize_index(int dev, int idx, uint64_t *freep, uint64_t *totalp)
 {
 	/* Dead processes' charges are not memory anyone holds: reclaim them
 	 * before reporting (before, free read 0 until someone was refused). */
@@ -322,15 +370,21 @@ static void virtualize(int dev, uint64_t *freep, uint64_t *totalp)
 		gp_region_reclaim_dead(&gp.region);
 	/* Pools give memory back at synchronisation (release threshold): ask
 	 * the driver what they still hold before reporting it as used. */
-	if (gp_pool_list(dev, NULL, 0) > 0)
+	if (dev >= 0 && gp_pool_list(dev, NULL, 0) > 0)
 		refresh_pools(dev);
-	uint64_t t = gp.cfg.mem_limit[dev] < *totalp ? gp.cfg.mem_limit[dev] : *totalp;
-	uint64_t used = gp_used(dev);
+	uint64_t lim = idx < 0 ? 0 : gp.cfg.mem_limit[idx];
+	uint64_t t = lim < *totalp ? lim : *totalp;
+	uint64_t used = gp_index_used(idx);
 	uint64_t f = used >= t ? 0 : t - used;
 	if (f > *freep)
 		f = *freep; /* never report more than is physically free */
 	*totalp = t;
 	*freep = f;
+}
+
+static void virtualize(int dev, uint64_t *freep, uint64_t *totalp)
+{
+	virtualize_index(dev, gp_dev_index(dev), freep, totalp);
 }
 
 /* ---- memory: allocations ------------------------------------------------ */
@@ -449,7 +503,7 @@ static CUresult pool_alloc_post(CUresult rc, CUdeviceptr *dptr, uint64_t pool, i
 	gp_pool_end(pool, dev, size, taken, rc == CUDA_SUCCESS, pool_reserved(pool));
 	if (rc != CUDA_SUCCESS)
 		return rc;
-	if (gp_used(dev) > gp.cfg.mem_limit[dev]) {
+	if (gp_used(dev) > gp_mem_limit(dev)) {
 		void *f = real_of(IDX_cuMemFreeAsync);
 		if (f != MISSING)
 			((fn_cuMemFreeAsync)f)(*dptr, s);
@@ -465,12 +519,21 @@ static CUresult pool_alloc_post(CUresult rc, CUdeviceptr *dptr, uint64_t pool, i
 	return rc;
 }
 
-static CUresult pool_alloc_pre(uint64_t pool, int dev, uint64_t size, uint64_t *taken)
+static uint64_t pool_used(uint64_t pool)
 {
-	CUresult rc = gp_pool_begin(pool, dev, size, taken);
+	cuuint64_t v;
+	if (pool && gp.pool_get_attr &&
+	    gp.pool_get_attr((CUmemoryPool)(uintptr_t)pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &v) == CUDA_SUCCESS)
+		return v;
+	return GP_RESERVED_UNKNOWN;
+}
+
+static CUresult pool_alloc_pre(uint64_t pool, int dev, uint64_t size, CUstream s, uint64_t *taken)
+{
+	CUresult rc = gp_pool_begin(pool, dev, size, stream_key(s), pool_reserved(pool), pool_used(pool), taken);
 	if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
 		refresh_pools(dev);
-		rc = gp_pool_begin(pool, dev, size, taken);
+		rc = gp_pool_begin(pool, dev, size, stream_key(s), pool_reserved(pool), pool_used(pool), taken);
 	}
 	return rc;
 }
@@ -478,7 +541,11 @@ static CUresult pool_alloc_pre(uint64_t pool, int dev, uint64_t size, uint64_t *
 static int h_cuMemAllocAsync(fn_cuMemAllocAsync real, CUdeviceptr *dptr, size_t size, CUstream s)
 {
 	int dev;
-	if (!mem_on() || !gp_mem_limited(dev = cur_dev()))
+	if (!mem_on())
+		return real(dptr, size, s);
+	if ((dev = stream_dev(s)) < 0 && gp_mem_limited(cur_dev()))
+		return CUDA_ERROR_OUT_OF_MEMORY; /* a stream whose device cannot be told, under a limit */
+	if (!gp_mem_limited(dev))
 		return real(dptr, size, s);
 	/* The device's current pool serves cuMemAllocAsync. */
 	CUmemoryPool p = NULL;
@@ -491,7 +558,7 @@ static int h_cuMemAllocAsync(fn_cuMemAllocAsync real, CUdeviceptr *dptr, size_t 
 	}
 	uint64_t pool = (uint64_t)(uintptr_t)p, taken;
 	gp_pool_register(pool, dev);
-	CUresult rc = pool_alloc_pre(pool, dev, size, &taken);
+	CUresult rc = pool_alloc_pre(pool, dev, size, s, &taken);
 	if (rc != CUDA_SUCCESS)
 		return rc;
 	return pool_alloc_post(real(dptr, size, s), dptr, pool, dev, size, taken, s);
@@ -509,7 +576,7 @@ static int h_cuMemAllocFromPoolAsync(fn_cuMemAllocFromPoolAsync real, CUdevicept
 		dev = cur_dev();
 	if (!gp_mem_limited(dev))
 		return real(dptr, size, p, s);
-	CUresult rc = pool_alloc_pre(pool, dev, size, &taken);
+	CUresult rc = pool_alloc_pre(pool, dev, size, s, &taken);
 	if (rc != CUDA_SUCCESS)
 		return rc;
 	return pool_alloc_post(real(dptr, size, p, s), dptr, pool, dev, size, taken, s);
@@ -624,7 +691,30 @@ static int h_cuMemPoolTrimTo(fn_cuMemPoolTrimTo real, CUmemoryPool pool, size_t 
 
 static int h_cuMemFree_v2(fn_cuMemFree_v2 real, CUdeviceptr p) { FREE_WITH(p, GP_K_MEM, real(p)); }
 static int h_cuMemFree(fn_cuMemFree real, CUdeviceptr_v1 p) { FREE_WITH(p, GP_K_MEM, real(p)); }
-static int h_cuMemFreeAsync(fn_cuMemFreeAsync real, CUdeviceptr p, CUstream s) { FREE_WITH(p, GP_K_MEM, real(p, s)); }
+/* A stream-ordered free: a pool block goes back to its pool's slack, as
+ * with cuMemFree, but stays in use until the stream reaches the free:
+ * recorded as pending on its stream (gp_pool_begin), so that only an
+ * allocation on the same stream may reuse it before the driver says it
+ * ran (issue 15 M7). */
+static int h_cuMemFreeAsync(fn_cuMemFreeAsync real, CUdeviceptr p, CUstream s)
+{
+	int dev;
+	uint64_t size, pool, ctx;
+	int had = mem_on() && gp_table_take(&gp.table, p, GP_K_MEM, &dev, &size, &pool, &ctx);
+	CUresult rc = real(p, s);
+	if (!had)
+		return rc;
+	if (rc != CUDA_SUCCESS)
+		gp_table_put(&gp.table, p, GP_K_MEM, dev, size, pool, ctx);
+	else if (pool && gp_pool_dev(pool) >= 0) {
+		gp_pool_pending(pool, stream_key(s), size);
+		gp_pool_freed(pool, dev, size, pool_reserved(pool));
+	} else if (pool)
+		gp_pool_freed(pool, dev, size, GP_RESERVED_UNKNOWN);
+	else
+		gp_uncharge(dev, size);
+	return rc;
+}
 static int h_cuMemRelease(fn_cuMemRelease real, CUmemGenericAllocationHandle h)
 {
 	int dev;
@@ -695,9 +785,12 @@ static void ctx_measure_begin(int dev, struct ctx_meas *m)
 	m->ok = 0;
 	if (!mem_on() || !gp_mem_limited(dev))
 		return;
-	/* "Not listed" means "holds nothing" only before our first context on
-	 * dev; after one was destroyed, trust only a listed figure. */
-	int never = !atomic_load(&gp.ctx_ever[dev]);
+	/* "Not listed" means "holds nothing" only while no context of ours
+	 * lives on dev (device memory needs one); with one alive, trust only
+	 * a listed figure. Counting only "never had one" left every context
+	 * after a destroyed one (e.g. one refused over the limit) unmeasured,
+	 * charged the reserve: 0 by default. */
+	int never = !atomic_load(&gp.ctx_ever[dev]) || atomic_load(&gp.ctx_live[dev]) == 0;
 	if (gp_proc_mem(dev, &m->before) == 0 && (m->before > 0 || never))
 		m->ok = 1;
 	else if (atomic_load(&gp.host_pid) == 0 && never) {
@@ -729,33 +822,64 @@ static uint64_t ctx_measure_end(int dev, struct ctx_meas *m)
 		crc_;                                                   \
 	})
 
-/* Moves a charge of `from` bytes to `to` bytes for memory the driver holds. */
-static void recharge(int dev, uint64_t from, uint64_t to)
+/* Moves a charge of `from` bytes (already made) to `to` bytes for a
+ * context the driver just created. Growth is charged against the limit:
+ * CUDA_ERROR_OUT_OF_MEMORY when it does not fit (the caller destroys the
+ * context). Charging it unchecked let a container with no reserve
+ * configured (the environment's and HAMi's default) exceed its limit by
+ * one context at a time without bound (200 x 300 MiB). */
+static CUresult recharge(int dev, uint64_t from, uint64_t to)
 {
 	if (to > from)
-		gp_charge_force(dev, to - from);
-	else if (from > to)
+		return gp_charge(dev, to - from);
+	if (from > to)
 		gp_uncharge(dev, from - to);
+	return CUDA_SUCCESS;
+}
+
+/* The trusted limits file is unusable (or missing on a gpupack node):
+ * every allocation is refused, and so is every context, which holds
+ * device memory of its own and is what any kernel launch needs. */
+static inline int ctx_refused(void)
+{
+	static _Atomic int logged;
+	if (!gp.cfg.fail_closed)
+		return 0;
+	if (!atomic_exchange(&logged, 1))
+		gp_log(GP_LOG_ERROR, "every CUDA context is refused too: the limits file is unusable");
+	return 1;
 }
 
 #define CTX_CREATE(call)                                                                      \
 	do {                                                                                  \
+		if (ctx_refused())                                                            \
+			return CUDA_ERROR_OUT_OF_MEMORY;                                      \
 		int lim_ = mem_on() && gp_mem_limited(dev);                                   \
 		if (lim_ && gp.cfg.ctx_reserve && gp_charge(dev, gp.cfg.ctx_reserve) != CUDA_SUCCESS) \
 			return CUDA_ERROR_OUT_OF_MEMORY;                                      \
 		struct ctx_meas m_;                                                           \
 		ctx_measure_begin(dev, &m_);                                                  \
 		CUresult rc_ = CREATE_CTX(dev, call);                                         \
-		if (rc_ == CUDA_SUCCESS && dev >= 0 && dev < GP_MAX_DEV)                      \
-			atomic_fetch_add(&gp.ctx_live[dev], 1);                               \
-		if (!lim_)                                                                    \
+		if (!lim_) {                                                                  \
+			if (rc_ == CUDA_SUCCESS && dev >= 0 && dev < GP_MAX_DEV)              \
+				atomic_fetch_add(&gp.ctx_live[dev], 1);                       \
 			return rc_;                                                           \
+		}                                                                             \
 		if (rc_ != CUDA_SUCCESS) {                                                    \
 			gp_uncharge(dev, gp.cfg.ctx_reserve);                                 \
 			return rc_;                                                           \
 		}                                                                             \
 		uint64_t cost_ = ctx_measure_end(dev, &m_);                                   \
-		recharge(dev, gp.cfg.ctx_reserve, cost_);                                     \
+		if (recharge(dev, gp.cfg.ctx_reserve, cost_) != CUDA_SUCCESS) {               \
+			gp_uncharge(dev, gp.cfg.ctx_reserve);                                 \
+			if (gp.ctx_destroy)                                                   \
+				gp.ctx_destroy(*ctx);                                         \
+			*ctx = NULL;                                                          \
+			gp_log(GP_LOG_INFO, "context of %llu bytes on device %d is over the limit; destroyed", \
+			       (unsigned long long)cost_, dev);                               \
+			return CUDA_ERROR_OUT_OF_MEMORY;                                      \
+		}                                                                             \
+		atomic_fetch_add(&gp.ctx_live[dev], 1);                                       \
 		if (cost_)                                                                    \
 			gp_track((uint64_t)(uintptr_t)*ctx, GP_K_CTX, dev, cost_, 0);         \
 		return rc_;                                                                   \
@@ -806,11 +930,37 @@ static uint64_t limit_bytes(int dev, CUlimit limit, uint64_t v)
 	return v * (uint64_t)sms * (uint64_t)threads;
 }
 
+/* Issue 15 M5: the device runtime's limits (CUDA dynamic parallelism)
+ * also reserve device memory — per nesting level of cudaDeviceSynchronize
+ * state for every resident thread, and a buffer per pending launch — at a
+ * cost NVIDIA does not document and the hook cannot measure. Under a
+ * memory limit, growth past the context's current value is refused
+ * (CUDA_ERROR_OUT_OF_MEMORY, one ERROR line per limit) rather than
+ * guessed; shrinking and setting the same value pass. Before, both passed
+ * uncharged. */
+static int devrt_limit_refused(CUlimit limit, size_t value)
+{
+	static _Atomic int said[2];
+	size_t old = 0;
+	if (gp.ctx_get_limit && gp.ctx_get_limit(&old, limit) == CUDA_SUCCESS && value <= old)
+		return 0;
+	if (!atomic_exchange(&said[limit == CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH ? 0 : 1], 1))
+		gp_log(GP_LOG_ERROR, "cuCtxSetLimit(%s, %zu) refused: it reserves device memory the hook cannot "
+		       "charge (its cost is not known) under a memory limit",
+		       limit == CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH ? "CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH"
+							   : "CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT",
+		       value);
+	return 1;
+}
+
 static int h_cuCtxSetLimit(fn_cuCtxSetLimit real, CUlimit limit, size_t value)
 {
 	int dev;
 	size_t old = 0;
 	CUcontext c = NULL;
+	if ((limit == CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH || limit == CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT) &&
+	    mem_on() && gp_mem_limited(cur_dev()) && devrt_limit_refused(limit, value))
+		return CUDA_ERROR_OUT_OF_MEMORY;
 	if (!mem_on() || (limit != CU_LIMIT_STACK_SIZE && limit != CU_LIMIT_MALLOC_HEAP_SIZE &&
 			  limit != CU_LIMIT_PRINTF_FIFO_SIZE) ||
 	    !gp_mem_limited(dev = cur_dev()) || !gp.ctx_get_limit || gp.ctx_get_limit(&old, limit) != CUDA_SUCCESS ||
@@ -845,6 +995,8 @@ static int h_cuCtxSetLimit(fn_cuCtxSetLimit real, CUlimit limit, size_t value)
 
 static int h_cuDevicePrimaryCtxRetain(fn_cuDevicePrimaryCtxRetain real, CUcontext *ctx, CUdevice dev)
 {
+	if (ctx_refused())
+		return CUDA_ERROR_OUT_OF_MEMORY;
 	if (!mem_on() || !gp_mem_limited(dev)) {
 		CUresult rc = CREATE_CTX(dev, real(ctx, dev));
 		if (rc == CUDA_SUCCESS && dev >= 0 && dev < GP_MAX_DEV && atomic_fetch_add(&gp.primary_refs[dev], 1) == 0)
@@ -864,13 +1016,23 @@ static int h_cuDevicePrimaryCtxRetain(fn_cuDevicePrimaryCtxRetain real, CUcontex
 			ctx_measure_begin(dev, &m);
 		rc = CREATE_CTX(dev, real(ctx, dev));
 		if (rc == CUDA_SUCCESS) {
-			atomic_fetch_add(&gp.primary_refs[dev], 1);
-			atomic_store(&gp.primary_ctx[dev], (uint64_t)(uintptr_t)*ctx);
-			if (first) {
-				atomic_fetch_add(&gp.ctx_live[dev], 1);
-				uint64_t cost = ctx_measure_end(dev, &m);
-				recharge(dev, gp.cfg.ctx_reserve, cost);
-				gp.primary_charge[dev] = cost;
+			uint64_t cost = first ? ctx_measure_end(dev, &m) : 0;
+			if (first && recharge(dev, gp.cfg.ctx_reserve, cost) != CUDA_SUCCESS) {
+				/* Over the limit once measured: give it back. */
+				gp_uncharge(dev, gp.cfg.ctx_reserve);
+				if (gp.primary_release)
+					gp.primary_release(dev);
+				*ctx = NULL;
+				gp_log(GP_LOG_INFO, "primary context of %llu bytes on device %d is over the limit; released",
+				       (unsigned long long)cost, dev);
+				rc = CUDA_ERROR_OUT_OF_MEMORY;
+			} else {
+				atomic_fetch_add(&gp.primary_refs[dev], 1);
+				atomic_store(&gp.primary_ctx[dev], (uint64_t)(uintptr_t)*ctx);
+				if (first) {
+					atomic_fetch_add(&gp.ctx_live[dev], 1);
+					gp.primary_charge[dev] = cost;
+				}
 			}
 		} else if (first)
 			gp_uncharge(dev, gp.cfg.ctx_reserve);
@@ -937,32 +1099,36 @@ static int h_cuMemGetInfo(fn_cuMemGetInfo real, unsigned int *freep, unsigned in
 static int h_cuDeviceTotalMem_v2(fn_cuDeviceTotalMem_v2 real, size_t *bytes, CUdevice dev)
 {
 	CUresult rc = real(bytes, dev);
-	if (rc == CUDA_SUCCESS && mem_on() && bytes && gp_mem_limited(dev) && gp.cfg.mem_limit[dev] < *bytes)
-		*bytes = gp.cfg.mem_limit[dev];
+	if (rc == CUDA_SUCCESS && mem_on() && bytes && gp_mem_limited(dev) && gp_mem_limit(dev) < *bytes)
+		*bytes = gp_mem_limit(dev);
 	return rc;
 }
 
 static int h_cuDeviceTotalMem(fn_cuDeviceTotalMem real, unsigned int *bytes, CUdevice dev)
 {
 	CUresult rc = real(bytes, dev);
-	if (rc == CUDA_SUCCESS && mem_on() && bytes && gp_mem_limited(dev) && gp.cfg.mem_limit[dev] < *bytes)
-		*bytes = (unsigned int)gp.cfg.mem_limit[dev];
+	if (rc == CUDA_SUCCESS && mem_on() && bytes && gp_mem_limited(dev) && gp_mem_limit(dev) < *bytes)
+		*bytes = (unsigned int)gp_mem_limit(dev);
 	return rc;
 }
 
-static int nvml_dev(nvmlDevice_t d)
+/* The limits index of an NVML device, when it is limited (else -2). With
+ * UUIDs in the limits file an NVML device is matched by its UUID (NVML
+ * numbers devices in PCI order whatever CUDA_VISIBLE_DEVICES says); one
+ * that matches none is limited to 0 bytes, as its CUDA device is. */
+static int nvml_limited(nvmlDevice_t d)
 {
-	unsigned int idx;
-	if (gp.nvml_index == NULL || gp.nvml_index(d, &idx) != NVML_SUCCESS || idx >= GP_MAX_DEV)
-		return -1;
-	return (int)idx;
+	int idx = gp_nvml_index(d);
+	if (idx < 0)
+		return gp.cfg.uuid_set ? GP_DEV_NONE : -2;
+	return gp.cfg.mem_limit[idx] != GP_UNLIMITED ? idx : -2;
 }
 
-static void nvml_virtualize(int dev, unsigned long long *total, unsigned long long *freep, unsigned long long *used)
+static void nvml_virtualize(int idx, unsigned long long *total, unsigned long long *freep, unsigned long long *used)
 {
 	uint64_t f = *freep, t = *total;
-	virtualize(dev, &f, &t);
-	uint64_t u = gp_used(dev);
+	virtualize_index(idx < 0 ? -1 : gp_index_dev(idx), idx, &f, &t);
+	uint64_t u = gp_index_used(idx);
 	*total = t;
 	*freep = f;
 	*used = u > t ? t : u;
@@ -971,18 +1137,18 @@ static void nvml_virtualize(int dev, unsigned long long *total, unsigned long lo
 static int h_nvmlDeviceGetMemoryInfo(fn_nvmlDeviceGetMemoryInfo real, nvmlDevice_t d, nvmlMemory_t *m)
 {
 	int rc = real(d, m);
-	int dev;
-	if (rc == NVML_SUCCESS && mem_on() && m && gp_mem_limited(dev = nvml_dev(d)))
-		nvml_virtualize(dev, &m->total, &m->free, &m->used);
+	int idx;
+	if (rc == NVML_SUCCESS && mem_on() && m && (idx = nvml_limited(d)) != -2)
+		nvml_virtualize(idx, &m->total, &m->free, &m->used);
 	return rc;
 }
 
 static int h_nvmlDeviceGetMemoryInfo_v2(fn_nvmlDeviceGetMemoryInfo_v2 real, nvmlDevice_t d, nvmlMemory_v2_t *m)
 {
 	int rc = real(d, m);
-	int dev;
-	if (rc == NVML_SUCCESS && mem_on() && m && gp_mem_limited(dev = nvml_dev(d))) {
-		nvml_virtualize(dev, &m->total, &m->free, &m->used);
+	int idx;
+	if (rc == NVML_SUCCESS && mem_on() && m && (idx = nvml_limited(d)) != -2) {
+		nvml_virtualize(idx, &m->total, &m->free, &m->used);
 		m->reserved = 0; /* total = used + free inside the container */
 	}
 	return rc;
@@ -1023,6 +1189,30 @@ static int h_cuLaunchCooperativeKernel(fn_cuLaunchCooperativeKernel real, CUfunc
 {
 	THROTTLE(blocks(gx, gy, gz));
 	return real(f, gx, gy, gz, bx, by, bz, shmem, s, params);
+}
+
+/* A legacy grid of w x h blocks; cuLaunch runs a 1 x 1 grid. */
+static inline uint64_t grid(int w, int h)
+{
+	return w > 0 && h > 0 ? (uint64_t)w * (uint64_t)h : 1;
+}
+
+static int h_cuLaunch(fn_cuLaunch real, CUfunction f)
+{
+	THROTTLE(1);
+	return real(f);
+}
+
+static int h_cuLaunchGrid(fn_cuLaunchGrid real, CUfunction f, int w, int h)
+{
+	THROTTLE(grid(w, h));
+	return real(f, w, h);
+}
+
+static int h_cuLaunchGridAsync(fn_cuLaunchGridAsync real, CUfunction f, int w, int h, CUstream s)
+{
+	THROTTLE(grid(w, h));
+	return real(f, w, h, s);
 }
 
 static int h_cuGraphLaunch(fn_cuGraphLaunch real, CUgraphExec g, CUstream s)
@@ -1071,6 +1261,8 @@ static void *gpa_instance(struct gp_hook *h, void *realfn)
  * older ABI would corrupt the call; the NVML watcher enforces instead).
  * If nothing matches (a driver whose table points elsewhere), the
  * version-based guess stands. */
+static _Thread_local char gpa_unknown[128]; /* the unknown ABI's name, for the log */
+
 static struct gp_hook *gpa_abi(struct gp_hook *guess, const char *symbol, void *fn)
 {
 	char name[128];
@@ -1089,14 +1281,37 @@ static struct gp_hook *gpa_abi(struct gp_hook *guess, const char *symbol, void *
 		snprintf(name, sizeof name, "%s_v%d", symbol, v);
 		if (by_symbol(name) != NULL || gp.real_dlsym(gp.libcuda, name) != fn)
 			continue;
-		gp_log(GP_LOG_ERROR, "cuGetProcAddress(%s) returned %s, an ABI this hook does not know: "
-		       "passed through unlimited", symbol, name);
+		snprintf(gpa_unknown, sizeof gpa_unknown, "%s", name);
 		return NULL;
 	}
 	return guess;
 }
 
-static CUresult gpa_wrap(CUresult rc, const char *symbol, void **pfn, int ver)
+/* Issue 15 M6: what an unknown ABI of a name would bypass. The names that
+ * charge device memory (allocations, contexts, context limits) while a
+ * memory limit is set, and the launches while an SM limit is set, fail
+ * closed: handed out, they would take memory or SM time the hook never
+ * sees. The rest (queries, frees, releases) pass through: a query then
+ * shows physical figures, a free unseen leaves its charge (refusing early,
+ * never over the limit). */
+static int gpa_fails_closed(const char *symbol)
+{
+	static const char *const mem[] = {"cuMemAlloc", "cuMemAllocPitch", "cuMemAllocManaged", "cuMemAllocAsync",
+					  "cuMemAllocFromPoolAsync", "cuMemCreate", "cuArrayCreate", "cuArray3DCreate",
+					  "cuMipmappedArrayCreate", "cuCtxCreate", "cuDevicePrimaryCtxRetain",
+					  "cuCtxSetLimit", NULL};
+	static const char *const sm[] = {"cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel",
+					 "cuGraphLaunch", "cuLaunch", "cuLaunchGrid", "cuLaunchGridAsync", NULL};
+	for (int i = 0; gp.cfg.any_mem_limit && mem[i]; i++)
+		if (!strcmp(symbol, mem[i]))
+			return 1;
+	for (int i = 0; gp.cfg.any_sm_limit && sm[i]; i++)
+		if (!strcmp(symbol, sm[i]))
+			return 1;
+	return 0;
+}
+
+static CUresult gpa_wrap(CUresult rc, const char *symbol, void **pfn, int ver, CUdriverProcAddressQueryResult *status)
 {
 	if (rc != CUDA_SUCCESS || pfn == NULL || *pfn == NULL || symbol == NULL || gp.cfg.disabled)
 		return rc;
@@ -1110,8 +1325,20 @@ static CUresult gpa_wrap(CUresult rc, const char *symbol, void **pfn, int ver)
 		*pfn = h->wrapper; /* our own resolver, so later look-ups stay covered */
 		return rc;
 	}
-	if ((h = gpa_abi(h, symbol, *pfn)) == NULL)
-		return rc; /* an ABI we do not know: the driver's pointer, untouched */
+	if ((h = gpa_abi(h, symbol, *pfn)) == NULL) {
+		if (!gpa_fails_closed(symbol)) {
+			gp_log(GP_LOG_ERROR, "cuGetProcAddress(%s) returned %s, an ABI this hook does not know: "
+			       "passed through (not a call that takes memory or SM time under a limit)", symbol, gpa_unknown);
+			return rc; /* the driver's pointer, untouched */
+		}
+		gp_log(GP_LOG_ERROR, "cuGetProcAddress(%s) returned %s, an ABI this hook does not know: refused "
+		       "(CUDA_ERROR_NOT_FOUND), so that it cannot bypass the limit; ask for an older cudaVersion or "
+		       "update gpupack's hook", symbol, gpa_unknown);
+		*pfn = NULL;
+		if (status)
+			*status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+		return CUDA_ERROR_NOT_FOUND;
+	}
 	*pfn = gpa_instance(h, *pfn);
 	return rc;
 }
@@ -1119,12 +1346,12 @@ static CUresult gpa_wrap(CUresult rc, const char *symbol, void **pfn, int ver)
 static int h_cuGetProcAddress_v2(fn_cuGetProcAddress_v2 real, const char *symbol, void **pfn, int ver,
 				 cuuint64_t flags, CUdriverProcAddressQueryResult *status)
 {
-	return gpa_wrap(real(symbol, pfn, ver, flags, status), symbol, pfn, ver);
+	return gpa_wrap(real(symbol, pfn, ver, flags, status), symbol, pfn, ver, status);
 }
 
 static int h_cuGetProcAddress(fn_cuGetProcAddress real, const char *symbol, void **pfn, int ver, cuuint64_t flags)
 {
-	return gpa_wrap(real(symbol, pfn, ver, flags), symbol, pfn, ver);
+	return gpa_wrap(real(symbol, pfn, ver, flags), symbol, pfn, ver, NULL);
 }
 
 /* ---- dlsym ------------------------------------------------------------- */

@@ -18,25 +18,40 @@
  *    the same pids. Utilisation of any other pid is never charged to us.
  *    Fallback when unresolved (two processes created contexts at the same
  *    instant, or NVML has no process list): a sample that lists a single
- *    process while we launched is ours (we are alone); otherwise no
- *    information, rate held, one warning.
+ *    process while we launched is ours (we are alone); otherwise it cannot
+ *    be attributed: the duty cycle, one warning.
  *
  * Control: the tick records (time, cumulative cost admitted). On each new
  * sample the window is [stamp - cadence, stamp], the cadence being the
- * smallest gap between sample stamps seen (paced to what the driver
- * really does). From our utilisation u in that window and the cost c we
+ * smallest of the last 8 gaps between sample stamps (paced to what the
+ * driver really does; a "new" stamp less than MIN_GAP_US after the last is
+ * the same sample again and teaches nothing). From our utilisation u in that window and the cost c we
  * admitted in it, k = u / (c/window) (percent per cost unit per second,
- * smoothed) and rate = target / k. The bucket is unbounded until the
- * first calibration, so a lone container sees its cap from the first
- * sample on and keeps it (the rate is not raised just because the device
- * is idle). Floor: the rate never goes below a quarter of the first
- * calibrated rate, so a bad sample cannot starve the container.
+ * smoothed) and rate = target / k. A lone container keeps its cap (the
+ * rate is not raised just because the device is idle). Floor: the rate
+ * never goes below a quarter of the first calibrated rate.
+ *
+ * The rate is learnt from the tenant's own launches, so the launch mix
+ * games it (issue 15 H1: tiny kernels while it calibrates, heavy ones
+ * after; H2: a kernel longer than a sample window costs one launch). The
+ * bound is therefore a budget in device time that no launch shape
+ * changes: it grows by target % of the wall time and shrinks by what NVML
+ * says the container ran; no launch passes while it is negative. The rate
+ * only makes an honest mix smooth.
+ *
+ * Fail closed (issue 15 H3b): before the first calibration, and while this
+ * process's samples cannot be attributed (host pid unknown on a shared
+ * device), the duty cycle that covers an untrusted NVML paces launches.
  *
  * The fast path (no device throttled) is one relaxed load in dispatch.c;
  * this file runs only for throttled devices.
  */
+#define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/stat.h>
 #include <math.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -47,17 +62,111 @@
 
 #define MAX_SAMPLES 256
 #define MAX_PIDS 256
+/* No driver samples faster than 1/6 s; a stamp newer than the last by less
+ * than this is the same window stamped twice (a stamp computed across a
+ * clock adjustment or a preemption). Before, one such 1 us gap became the
+ * cadence for good: every later window was 1 us long, its cost the slope
+ * between two control ticks, and the rate followed CPU-scheduling noise
+ * (30 % alone measured 43-44 % in rare runs on a loaded machine). */
+#define MIN_GAP_US 20000ull
 
-static unsigned long long realtime_us(void)
+/* A change of the wall clock's offset from the monotonic clock larger than
+ * this between two ticks is a step (settimeofday, an NTP step), not NTP's
+ * slewing (at most 0.5 ms/s). */
+#define STEP_US 250000ll
+/* A sample stamped later than the wall clock now by more than this was
+ * stamped before the clock stepped back. */
+#define FUTURE_US 100000ull
+
+/* The wall clock (what NVML stamps samples with) and its offset from the
+ * monotonic clock, read back to back (retried when preempted between). */
+static void clocks_us(unsigned long long *rt, long long *off)
 {
-	struct timespec ts;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	return (unsigned long long)ts.tv_sec * 1000000ull + (unsigned long long)ts.tv_nsec / 1000;
+	struct timespec m0, r, m1;
+	for (int i = 0; i < 4; i++) {
+		clock_gettime(CLOCK_MONOTONIC, &m0);
+		clock_gettime(CLOCK_REALTIME, &r);
+		clock_gettime(CLOCK_MONOTONIC, &m1);
+		long long d = (m1.tv_sec - m0.tv_sec) * 1000000ll + (m1.tv_nsec - m0.tv_nsec) / 1000;
+		if (d < 1000)
+			break;
+	}
+	*rt = (unsigned long long)r.tv_sec * 1000000ull + (unsigned long long)r.tv_nsec / 1000;
+	long long mono = (long long)m1.tv_sec * 1000000ll + m1.tv_nsec / 1000;
+	*off = (long long)*rt - mono;
+}
+
+/* NVML as the node provides it (issue 15 H3a). Loaded by soname, a stub
+ * libnvidia-ml.so.1 on the tenant's LD_LIBRARY_PATH (or linked by the
+ * application first) answered NOT_FOUND or "MIG" and the limiter never
+ * throttled. The trusted copy is libnvidia-ml.so.1 in the folder the
+ * driver itself was loaded from (dladdr of the real cuInit: the NVIDIA
+ * container toolkit mounts both there), and only when this process cannot
+ * change it (gp_fd_writable_by_us), on the driver's own filesystem (the
+ * folder's libnvidia-ml.so.1 is a symlink in the image's writable layer:
+ * repointed at a file on another read-only mount, a configMap volume say,
+ * it would pass the first test). It is loaded through /proc/self/fd
+ * from the descriptor that was checked, so nothing can swap the file in
+ * between. NULL, with the reason in why, when there is none. */
+static void *trusted_nvml(char *why, size_t n)
+{
+	void *sym = gp.libcuda ? gp.real_dlsym(gp.libcuda, "cuInit") : NULL;
+	Dl_info di;
+	const char *slash;
+	if (sym == NULL || dladdr(sym, &di) == 0 || di.dli_fname == NULL || di.dli_fname[0] != '/' ||
+	    (slash = strrchr(di.dli_fname, '/')) == NULL) {
+		snprintf(why, n, "cannot tell which folder the driver was loaded from");
+		return NULL;
+	}
+	char path[4096];
+	snprintf(path, sizeof path, "%.*s/libnvidia-ml.so.1", (int)(slash - di.dli_fname), di.dli_fname);
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+	if (fd < 0) {
+		snprintf(why, n, "%.300s (beside the driver) cannot be opened: %s", path, strerror(errno));
+		return NULL;
+	}
+	const char *w = gp_fd_writable_by_us(fd);
+	struct stat drv, nv;
+	int dfd = open(di.dli_fname, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+	int same = dfd >= 0 && fstat(dfd, &drv) == 0 && fstat(fd, &nv) == 0 && drv.st_dev == nv.st_dev;
+	if (dfd >= 0)
+		close(dfd);
+	void *lib = NULL;
+	if (w != NULL)
+		snprintf(why, n, "%.300s %s", path, w);
+	else if (!same)
+		snprintf(why, n, "%.300s is not on the driver's filesystem", path);
+	else {
+		char fdpath[64];
+		snprintf(fdpath, sizeof fdpath, "/proc/self/fd/%d", fd);
+		if ((lib = dlopen(fdpath, RTLD_NOW | RTLD_LOCAL)) == NULL)
+			snprintf(why, n, "%.300s cannot be loaded: %.150s", path, dlerror());
+	}
+	close(fd);
+	return lib;
 }
 
 static void nvml_syms(void)
 {
-	void *lib = gp.real_dlsym ? dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL) : NULL;
+	if (gp.real_dlsym == NULL)
+		return;
+	char why[512];
+	void *lib = trusted_nvml(why, sizeof why);
+	if (lib == NULL && gp.cfg.from_file) {
+		/* Limits from the node's file: never the tenant's NVML. */
+		gp.nvml_untrusted = 1;
+		gp_log(gp.cfg.any_sm_limit ? GP_LOG_ERROR : GP_LOG_INFO,
+		       "NVML is not trusted: %s; %s", why,
+		       gp.cfg.any_sm_limit ? "the SM limit is enforced by a fixed duty cycle instead"
+					   : "contexts are charged the configured reserve");
+		return;
+	}
+	if (lib == NULL) {
+		/* The environment contract: the environment is the tenant's
+		 * anyway (it can unset the limit), so its NVML will do. */
+		gp_log(GP_LOG_DEBUG, "NVML by soname (%s)", why);
+		lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+	}
 	if (lib == NULL)
 		return;
 	gp.nvml_init = (gp_fn_nvml_init)gp.real_dlsym(lib, "nvmlInit_v2");
@@ -67,6 +176,12 @@ static void nvml_syms(void)
 	gp.nvml_procs = (gp_fn_nvml_procs)gp.real_dlsym(lib, "nvmlDeviceGetComputeRunningProcesses_v3");
 	gp.nvml_migmode = (gp_fn_nvml_migmode)gp.real_dlsym(lib, "nvmlDeviceGetMigMode");
 	gp.nvml_ok = gp.nvml_init != NULL && gp.nvml_init() == NVML_SUCCESS && gp.nvml_byindex && gp.nvml_procutil;
+	if (!gp.nvml_ok && gp.cfg.from_file) {
+		gp.nvml_untrusted = 1; /* the node's NVML, but unusable: the same safe mode */
+		gp_log(gp.cfg.any_sm_limit ? GP_LOG_ERROR : GP_LOG_INFO, "NVML does not initialise; %s",
+		       gp.cfg.any_sm_limit ? "the SM limit is enforced by a fixed duty cycle instead"
+					   : "contexts are charged the configured reserve");
+	}
 }
 
 static int nvml_ready(void)
@@ -77,21 +192,47 @@ static int nvml_ready(void)
 
 /* ---- host pid ----------------------------------------------------------- */
 
-static int list_procs(int dev, unsigned *out, unsigned long long *mem, unsigned max)
+/* NVML's compute processes on dev, all of them: malloc'd (the caller
+ * frees it), *np entries; NULL when NVML cannot say. A fixed 64 made a
+ * node with more processes on the device (NVML_ERROR_INSUFFICIENT_SIZE)
+ * look like one NVML cannot list: no host pid, contexts unmeasured
+ * (review 15). The list may grow between two calls: retried a few times
+ * with the size NVML asks, plus room. */
+static nvmlProcessInfo_t *list_procs(int dev, unsigned *np)
 {
 	nvmlDevice_t h;
 	if (!gp.nvml_procs || gp.nvml_byindex((unsigned)dev, &h) != NVML_SUCCESS)
-		return -1;
-	nvmlProcessInfo_t p[64];
-	unsigned n = 64;
-	if (gp.nvml_procs(h, &n, p) != NVML_SUCCESS)
-		return -1;
-	for (unsigned i = 0; i < n && i < max; i++) {
-		out[i] = p[i].pid;
-		if (mem)
-			mem[i] = p[i].usedGpuMemory;
+		return NULL;
+	unsigned cap = 64;
+	for (int try = 0; try < 4; try++) {
+		nvmlProcessInfo_t *p = calloc(cap, sizeof *p);
+		if (p == NULL)
+			return NULL;
+		unsigned n = cap;
+		nvmlReturn_t rc = gp.nvml_procs(h, &n, p);
+		if (rc == NVML_SUCCESS) {
+			*np = n < cap ? n : cap;
+			return p;
+		}
+		free(p);
+		if (rc != NVML_ERROR_INSUFFICIENT_SIZE || n > (1u << 16))
+			return NULL;
+		cap = (n > cap ? n : 2 * cap) + 16;
 	}
-	return (int)(n < max ? n : max);
+	return NULL;
+}
+
+/* NVML reports usedGpuMemory as NVML_VALUE_NOT_AVAILABLE (~0) where it
+ * cannot tell per-process memory (MIG without privilege, vGPU guests,
+ * WDDM). That, or any figure above the device's total, is "cannot
+ * measure", never a size: read as one it charged a context 2^64-1 bytes
+ * and refused every context under a memory limit (review 15). */
+static int mem_unknown(int dev, unsigned long long v)
+{
+	if (v == ~0ull)
+		return 1;
+	size_t total = 0;
+	return gp.dev_total_mem && gp.dev_total_mem(&total, (CUdevice)dev) == CUDA_SUCCESS && total > 0 && v > total;
 }
 
 static void resolved(unsigned hostpid, const char *how)
@@ -111,33 +252,41 @@ static void probe_hostpid(int dev)
 	int nc = atomic_load(&gp.host_ncands);
 	if (nc < 2 || !gp.mem_alloc || !gp.mem_free || atomic_fetch_add(&gp.host_probes, 1) >= 5)
 		return;
-	unsigned p0[64], p1[64];
-	unsigned long long m0[64], m1[64];
-	int n0 = list_procs(dev, p0, m0, 64);
-	if (n0 < 0 || gp_charge(dev, PROBE) != CUDA_SUCCESS)
+	unsigned n0, n1;
+	nvmlProcessInfo_t *l0 = list_procs(dev, &n0), *l1;
+	if (l0 == NULL)
 		return;
+	if (gp_charge(dev, PROBE) != CUDA_SUCCESS) {
+		free(l0);
+		return;
+	}
 	CUdeviceptr d;
 	if (gp.mem_alloc(&d, PROBE) != CUDA_SUCCESS) {
 		gp_uncharge(dev, PROBE);
+		free(l0);
 		return;
 	}
-	int n1 = list_procs(dev, p1, m1, 64);
+	l1 = list_procs(dev, &n1);
 	gp.mem_free(d);
 	gp_uncharge(dev, PROBE);
 	unsigned hit = 0, nhit = 0;
-	for (int c = 0; c < nc; c++)
-		for (int i = 0; i < n1; i++) {
-			if (p1[i] != gp.host_cands[c])
+	for (int c = 0; c < nc && l1; c++)
+		for (unsigned i = 0; i < n1; i++) {
+			if (l1[i].pid != gp.host_cands[c])
 				continue;
-			unsigned long long before = 0;
-			for (int j = 0; j < n0; j++)
-				if (p0[j] == p1[i])
-					before = m0[j];
-			if (m1[i] >= before + PROBE && m1[i] < before + 2 * PROBE) {
-				hit = p1[i];
+			unsigned long long before = 0, after = l1[i].usedGpuMemory;
+			for (unsigned j = 0; j < n0; j++)
+				if (l0[j].pid == l1[i].pid)
+					before = l0[j].usedGpuMemory;
+			if (mem_unknown(dev, before) || mem_unknown(dev, after))
+				continue; /* no figure, no probe */
+			if (after >= before + PROBE && after < before + 2 * PROBE) {
+				hit = l1[i].pid;
 				nhit++;
 			}
 		}
+	free(l0);
+	free(l1);
 	if (nhit == 1) {
 		resolved(hit, "memory probe");
 		atomic_store(&gp.host_ncands, 0);
@@ -155,43 +304,50 @@ int gp_proc_mem(int dev, uint64_t *out)
 	unsigned self = atomic_load(&gp.host_pid);
 	if (self == 0 || !nvml_ready())
 		return -1;
-	unsigned p[64];
-	unsigned long long m[64];
-	int n = list_procs(dev, p, m, 64);
-	if (n < 0)
+	unsigned n;
+	nvmlProcessInfo_t *l = list_procs(dev, &n);
+	if (l == NULL)
 		return -1;
+	int rc = 0;
 	*out = 0; /* not listed: no context, no memory on dev */
-	for (int i = 0; i < n; i++)
-		if (p[i] == self)
-			*out = m[i];
-	return 0;
+	for (unsigned i = 0; i < n; i++)
+		if (l[i].pid == self) {
+			if (mem_unknown(dev, l[i].usedGpuMemory))
+				rc = -1; /* listed, but NVML cannot tell: the caller charges the reserve */
+			*out = l[i].usedGpuMemory;
+		}
+	free(l);
+	return rc;
 }
 
 void gp_hostpid_before(int dev, struct gp_pidsnap *s)
 {
 	s->ok = 0;
+	s->procs = NULL;
 	if (!want_hostpid(dev) || !nvml_ready())
 		return;
-	int n = list_procs(dev, s->pids, NULL, 64);
-	if (n >= 0) {
-		s->n = (unsigned)n;
+	if ((s->procs = list_procs(dev, &s->n)) != NULL)
 		s->ok = 1;
-	}
 }
 
 void gp_hostpid_after(int dev, struct gp_pidsnap *s, int created)
 {
-	if (!s->ok || !created || !want_hostpid(dev))
+	if (!s->ok || !created || !want_hostpid(dev)) {
+		free(s->procs);
 		return;
-	unsigned now[64], fresh[8], nfresh = 0;
-	int n = list_procs(dev, now, NULL, 64);
-	for (int i = 0; i < n; i++) {
+	}
+	unsigned fresh[8], nfresh = 0, n = 0;
+	nvmlProcessInfo_t *now = list_procs(dev, &n);
+	for (unsigned i = 0; now && i < n; i++) {
 		int old = 0;
 		for (unsigned j = 0; j < s->n; j++)
-			old |= now[i] == s->pids[j];
+			old |= now[i].pid == s->procs[j].pid;
 		if (!old && nfresh < 8)
-			fresh[nfresh++] = now[i];
+			fresh[nfresh++] = now[i].pid;
 	}
+	free(now);
+	free(s->procs);
+	s->procs = NULL;
 	if (nfresh == 1) {
 		resolved(fresh[0], "new in NVML's process list at context creation");
 	} else if (nfresh > 1) {
@@ -227,9 +383,14 @@ static double cum_at(struct gp_limiter *l, unsigned long long us)
 	return (double)l->ring[oldest].cum;
 }
 
-/* Our utilisation in the newest samples, or -1 when unknown. */
+/* Our utilisation in the newest samples (stamped in (since, until]), or
+ * -1 when unknown: the container's processes' host pids (this one's and
+ * those recorded in the shared region) summed. While this process's own
+ * host pid is unknown its utilisation cannot be told apart, unless the
+ * sample lists a single process, not one of the container's others, while
+ * we launched: then we are alone on the device and it is us. */
 static double attribute(struct gp_limiter *l, nvmlProcessUtilizationSample_t *s, unsigned n,
-			unsigned long long since, double admitted)
+			unsigned long long since, unsigned long long until, double admitted)
 {
 	unsigned ours[MAX_PIDS];
 	int no = gp_region_hostpids(&gp.region, ours, MAX_PIDS - 1);
@@ -237,33 +398,72 @@ static double attribute(struct gp_limiter *l, nvmlProcessUtilizationSample_t *s,
 	if (self != 0)
 		ours[no++] = self;
 	double sum = 0;
-	unsigned listed = 0, last = 0;
+	unsigned listed = 0, last = 0, sib = 0;
 	for (unsigned i = 0; i < n; i++) {
-		if (s[i].timeStamp <= since)
+		if (s[i].timeStamp <= since || s[i].timeStamp > until)
 			continue;
 		listed++;
 		last = i;
 		for (int j = 0; j < no; j++)
 			if (s[i].pid == ours[j]) {
 				sum += s[i].smUtil;
+				sib = 1;
 				break;
 			}
 	}
-	if (no > 0)
+	if (self != 0)
 		return sum;
-	if (listed == 1 && admitted > 0)
+	if (listed == 1 && admitted > 0 && !sib)
 		return s[last].smUtil; /* alone on the device: it is us */
-	if (!l->warned) {
-		l->warned = 1;
-		gp_log(GP_LOG_WARN, "SM limiter: this container's host pids are unknown and the device is shared; "
-		       "holding the current rate");
-	}
+	if (listed == 0)
+		return no > 0 ? 0 : -1; /* nobody ran (a neighbour's window only) */
+	(void)l;
 	return -1;
 }
 
+/* The budget grows by target % of the wall time since the last tick, up
+ * to what one sample window and the burst would spend (so a container
+ * idle for a while cannot bank more than that). */
+static void accrue(struct gp_limiter *l)
+{
+	uint64_t now = gp_now_ns();
+	pthread_mutex_lock(&l->mu);
+	if (l->credit_ns != 0) {
+		double win = l->cadence_us ? (double)l->cadence_us : 1e6;
+		double max = (double)l->target / 100.0 * (win + 250000.0);
+		l->credit += (double)l->target / 100.0 * (double)(now - l->credit_ns) / 1e3;
+		if (l->credit > max)
+			l->credit = max;
+	}
+	l->credit_ns = now;
+	pthread_mutex_unlock(&l->mu);
+}
+
+/* Issue 15 L3: the ring is kept in monotonic time, and NVML's stamps (wall
+ * clock, CPU microseconds) are moved onto it with the offset between the
+ * clocks read at the same tick. Before, the ring was in wall-clock time:
+ * a clock stepped back made every later sample look older than the last
+ * one seen (stale: the limiter learnt nothing until the clock caught up),
+ * and stepped forward, one window fell between ring entries of two times.
+ * A step is detected (the offset moved by more than STEP_US): NVML's
+ * stamps before and after it are not comparable, so the last stamp seen
+ * and the gaps are forgotten (the rate is held), and a sample stamped in
+ * the future is one from before a backward step, ignored. */
 static void control(int dev, struct gp_limiter *l)
 {
-	unsigned long long now = realtime_us();
+	unsigned long long rt;
+	long long off;
+	clocks_us(&rt, &off);
+	accrue(l);
+	if (l->off_known && llabs(off - l->clock_off) > STEP_US) {
+		gp_log(GP_LOG_INFO, "limiter dev %d: the wall clock stepped by %lld ms; NVML's stamps re-based", dev,
+		       (off - l->clock_off) / 1000);
+		l->last_sample_us = 0;
+		l->ngaps = 0;
+	}
+	l->clock_off = off;
+	l->off_known = 1;
+	unsigned long long now = (unsigned long long)((long long)rt - off); /* monotonic */
 	l->ring[l->ring_i].us = now;
 	l->ring[l->ring_i].cum = atomic_load(&l->launched);
 	l->ring_i = (l->ring_i + 1) % GP_RING;
@@ -274,26 +474,66 @@ static void control(int dev, struct gp_limiter *l)
 		return;
 	nvmlProcessUtilizationSample_t s[MAX_SAMPLES];
 	unsigned n = MAX_SAMPLES;
+	unsigned long long prev_poll = l->poll_rt;
+	l->poll_rt = rt;
 	if (gp.nvml_procutil(h, s, &n, l->last_sample_us) != NVML_SUCCESS)
 		return; /* NOT_FOUND: no sample since the last one; hold */
-	unsigned long long ts = 0, since = l->last_sample_us;
+	unsigned long long ts = 0, since = l->last_sample_us, until = rt + FUTURE_US;
 	for (unsigned i = 0; i < n; i++)
-		if (s[i].timeStamp > ts)
+		if (s[i].timeStamp > ts && s[i].timeStamp <= until)
 			ts = s[i].timeStamp;
 	if (ts <= since)
 		return; /* stale: hold */
+	unsigned long long gap = ts - since;
 	l->last_sample_us = ts;
 	if (since == 0)
 		return; /* the first: its window's length is not known yet */
-	unsigned long long gap = ts - since;
-	if (l->cadence_us == 0 || gap < l->cadence_us)
-		l->cadence_us = gap;
+	if (gap < MIN_GAP_US)
+		return; /* the same window stamped twice: no new information */
+	/* The cadence is the smallest of the last gaps, so one odd gap cannot
+	 * shrink every later window for good. */
+	l->gaps[l->ngaps++ % 8] = gap;
+	l->cadence_us = 0;
+	for (int i = 0; i < (l->ngaps < 8 ? l->ngaps : 8); i++)
+		if (l->cadence_us == 0 || l->gaps[i] < l->cadence_us)
+			l->cadence_us = l->gaps[i];
 	unsigned long long win = l->cadence_us;
-	double admitted = cum_at(l, ts) - cum_at(l, ts > win ? ts - win : 0);
-	double u = attribute(l, s, n, since, admitted);
+	long long tm = (long long)ts - off; /* the sample's end on the monotonic ring */
+	unsigned long long end = tm > 0 ? (unsigned long long)tm : 0;
+	double admitted = cum_at(l, end) - cum_at(l, end > win ? end - win : 0);
+	double u = attribute(l, s, n, since, until, admitted);
+	if (u < 0) {
+		/* H3(b): the duty cycle paces launches until a sample can be
+		 * attributed again (gp_limiter_admit). */
+		if (!atomic_exchange(&l->unknown, 1) && !l->said_unknown) {
+			l->said_unknown = 1;
+			gp_log(GP_LOG_WARN, "SM limiter dev %d: this process's host pid is unknown and the device is "
+			       "shared, so NVML cannot tell its utilisation from its neighbours'; the SM limit of %d %% is "
+			       "enforced by a fixed duty cycle while it stays so", dev, l->target);
+		}
+		return;
+	}
+	atomic_store(&l->unknown, 0);
+	/* H1/H2: what the container ran comes off the budget, whatever the
+	 * launches were. A sample covers one window (the cadence); when
+	 * samples were missed (this thread was late, gap > 1.5 windows) and we
+	 * were running before or launched since, the time since that poll is
+	 * charged at this sample's rate (the driver keeps only the last
+	 * sample). A gap of NOT_FOUND polls is idle time, not missed. */
+	double charged = (double)win;
+	unsigned long long pgap = rt - prev_poll;
+	if (prev_poll != 0 && pgap > win + win / 2 && pgap <= gap &&
+	    (l->u_prev > 0 || cum_at(l, end > win ? end - win : 0) > cum_at(l, end > gap ? end - gap : 0)))
+		charged = (double)pgap;
+	l->u_prev = u;
+	pthread_mutex_lock(&l->mu);
+	l->credit -= u / 100.0 * charged;
+	pthread_mutex_unlock(&l->mu);
+	if (u > 0)
+		gp_log(GP_LOG_DEBUG, "limiter dev %d: ran %.1f %% of %.0f us; budget %.0f us", dev, u, charged, l->credit);
 	double obs = admitted / ((double)win / 1e6);
 	if (u <= 0 || obs <= 0)
-		return; /* unknown, or nothing of ours ran: nothing to learn */
+		return; /* nothing of ours ran: nothing to learn */
 	double k = u / obs;
 	l->k = l->k > 0 ? sqrt(l->k * k) : k; /* geometric smoothing */
 	double r = (double)l->target / l->k;
@@ -306,8 +546,8 @@ static void control(int dev, struct gp_limiter *l)
 		l->tokens = 0;
 	l->rate = r;
 	pthread_mutex_unlock(&l->mu);
-	gp_log(GP_LOG_DEBUG, "limiter dev %d: util %.1f in %llu us, admitted %.0f/s, target %d, rate %.0f", dev, u,
-	       win, obs, l->target, r);
+	gp_log(GP_LOG_DEBUG, "limiter dev %d: util %.1f in %llu us, admitted %.0f/s, target %d, rate %.0f, budget %.0f us",
+	       dev, u, win, obs, l->target, r, l->credit);
 }
 
 static void *control_loop(void *arg)
@@ -329,7 +569,7 @@ void gp_limiter_setup(void)
 {
 	for (int d = 0; d < GP_MAX_DEV; d++) {
 		pthread_mutex_init(&gp.lim[d].mu, NULL);
-		gp.lim[d].target = gp.cfg.sm_limit[d];
+		gp.lim[d].target = gp_sm_limit(d);
 	}
 	atomic_store(&gp.sm_active, gp.cfg.any_sm_limit && !gp.cfg.disabled);
 }
@@ -340,6 +580,11 @@ static void start_control(void)
 	if (!atomic_compare_exchange_strong(&gp.limiter_started, &z, 1))
 		return;
 	if (!nvml_ready()) {
+		if (gp.nvml_untrusted) {
+			for (int d = 0; d < GP_MAX_DEV; d++)
+				gp.lim[d].duty = gp.lim[d].target != 0;
+			return; /* logged by nvml_syms */
+		}
 		gp_log(GP_LOG_ERROR, "SM limit set but NVML is unavailable; launches are not throttled");
 		return;
 	}
@@ -368,6 +613,77 @@ static void start_control(void)
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 
+/* Duty cycle, for when NVML cannot be trusted (limits from the node's
+ * file): without a trusted measure of SM time the limiter cannot learn
+ * what a launch costs, so it bounds time instead. Launches pass for
+ * target % of a period; then the launching thread waits until the device
+ * has run everything this context queued (cuCtxSynchronize), and no launch
+ * passes for busy * (100 - target) / target, busy being the wall time from
+ * the first launch of the phase to the end of that wait. The device ran
+ * our work at most `busy`, so our share is at most the target (less when
+ * the device was idle part of it, or ran a neighbour's work: conservative).
+ * Costs: one synchronisation per period in the thread that ends a phase;
+ * an application whose queued work waits for that very thread (a stream
+ * waiting on a value it has yet to write) would deadlock. Only this mode
+ * synchronises. */
+static void duty_locked(struct gp_limiter *l)
+{
+	uint64_t on_ns = (uint64_t)gp.cfg.sm_period_ms * 1000000ull * (uint64_t)l->target / 100;
+	if (!l->in_duty) { /* a phase begins: none is left from an earlier spell */
+		l->in_duty = 1;
+		l->on_start = 0;
+	}
+	for (;;) {
+		uint64_t now = gp_now_ns();
+		if (l->off_until > now) { /* off, or another thread is waiting for the device */
+			uint64_t w = l->off_until - now;
+			struct timespec ts = {0, (long)(w < 2000000 ? w : 2000000)};
+			pthread_mutex_unlock(&l->mu);
+			nanosleep(&ts, NULL);
+			pthread_mutex_lock(&l->mu);
+			continue;
+		}
+		if (l->on_start == 0)
+			l->on_start = now;
+		if (now - l->on_start < on_ns)
+			break;
+		uint64_t start = l->on_start;
+		l->off_until = UINT64_MAX;
+		pthread_mutex_unlock(&l->mu);
+		if (gp.ctx_sync)
+			gp.ctx_sync();
+		uint64_t t = gp_now_ns();
+		pthread_mutex_lock(&l->mu);
+		l->off_until = t + (t - start) / (uint64_t)l->target * (uint64_t)(100 - l->target);
+		l->on_start = 0;
+	}
+}
+
+static void duty_admit(struct gp_limiter *l)
+{
+	pthread_mutex_lock(&l->mu);
+	duty_locked(l);
+	pthread_mutex_unlock(&l->mu);
+}
+
+/* H1/H2: no launch passes while the budget is negative (what NVML says
+ * the container ran is more than target % of the time). Called with mu
+ * held; waits at most 2 ms at a time so the control thread's updates take
+ * effect promptly. */
+static void govern_locked(struct gp_limiter *l)
+{
+	while (l->credit < 0) {
+		double wait = -l->credit * 100.0 / (double)l->target * 1e3 + 1000;
+		if (wait > 2e6)
+			wait = 2e6;
+		atomic_store_explicit(&l->waited, 1, memory_order_relaxed);
+		pthread_mutex_unlock(&l->mu);
+		struct timespec ts = {0, (long)wait};
+		nanosleep(&ts, NULL);
+		pthread_mutex_lock(&l->mu);
+	}
+}
+
 void gp_limiter_admit(int dev, uint64_t cost)
 {
 	if (dev < 0 || dev >= GP_MAX_DEV)
@@ -375,20 +691,47 @@ void gp_limiter_admit(int dev, uint64_t cost)
 	struct gp_limiter *l = &gp.lim[dev];
 	if (l->target == 0)
 		return;
-	if (!atomic_load_explicit(&gp.limiter_started, memory_order_acquire))
+	if (!atomic_load_explicit(&gp.limiter_started, memory_order_acquire)) {
 		start_control();
+		if (l->target == 0)
+			return; /* MIG: start_control turned it off */
+	}
+	if (l->duty) {
+		duty_admit(l);
+		atomic_fetch_add_explicit(&l->launched, cost ? cost : 1, memory_order_relaxed);
+		return;
+	}
 	if (__builtin_expect(atomic_load_explicit(&gp.host_ncands, memory_order_relaxed) > 1, 0) &&
 	    atomic_load(&gp.host_pid) == 0)
 		probe_hostpid(dev);
 	if (cost == 0)
 		cost = 1;
 	pthread_mutex_lock(&l->mu);
+	if (l->target == 0) { /* MIG, found by another thread's start_control */
+		pthread_mutex_unlock(&l->mu);
+		return;
+	}
+	govern_locked(l);
+	/* H3(b): fail closed. Until the first calibration, and while this
+	 * process's samples cannot be attributed, nothing tells what a launch
+	 * costs: the duty cycle bounds the share instead (before, launches
+	 * passed unthrottled in both states). */
+	int uncal = l->rate <= 0, unknown = atomic_load_explicit(&l->unknown, memory_order_relaxed);
+	if (uncal || unknown) {
+		if (uncal && !l->said_uncal) {
+			l->said_uncal = 1;
+			gp_log(GP_LOG_INFO, "SM limiter dev %d: not calibrated yet (it learns from NVML's second sample of "
+			       "this process); a fixed duty cycle holds the SM limit of %d %% until then", dev, l->target);
+		}
+		duty_locked(l);
+		l->last_ns = gp_now_ns();
+		pthread_mutex_unlock(&l->mu);
+		atomic_fetch_add_explicit(&l->launched, cost, memory_order_relaxed);
+		return;
+	}
+	l->in_duty = 0;
 	for (;;) {
 		uint64_t now = gp_now_ns();
-		if (l->rate <= 0) {
-			l->last_ns = now;
-			break;
-		}
 		/* Burst: one period, but at least 250 ms, so a process the CPU
 		 * scheduler delayed can catch up on what it was owed. */
 		double burst = l->rate * (gp.cfg.sm_period_ms < 250 ? 0.25 : (double)gp.cfg.sm_period_ms / 1000.0);

@@ -30,9 +30,23 @@
  *      ever waits on another process.
  *  I6. Liveness is kill(pid, 0) plus the process start time recorded in
  *      the slot, so a recycled pid does not keep a dead slot alive. A
- *      slot that already carries our own pid belongs to the image this
- *      process exec'd away from (its device memory went with it): attach
- *      reclaims it.
+ *      slot that already carries our own owner word (pid and namespace
+ *      tag) belongs to the image this process exec'd away from (its device
+ *      memory went with it): attach reclaims it.
+ *  I9. Pids are namespace-relative: a process in a nested pid namespace of
+ *      the container (`unshare -p -f`) is pid 1 there, and the container's
+ *      pids do not exist for it. So the owner word carries a tag of the
+ *      owner's pid namespace (bits 32..61, from the inode of
+ *      /proc/self/ns/pid; 0 = unknown, written by an older library, or no
+ *      /proc), set in the same CAS that claims the slot. kill(pid, 0) and
+ *      "same pid = my previous image" are used only between slots of the
+ *      same tag (or tag 0: the old behaviour). For another namespace the
+ *      slot also records the owner's pid as /proc names it and which /proc
+ *      (st_dev), published after them by `id_owner` = the owner word:
+ *      a checker that has the same /proc looks the owner up there (no
+ *      entry, or another start time: dead). Anyone else cannot tell, and
+ *      keeps the slot (charged until someone who can see it reclaims it:
+ *      refusing early, never handing the limit out twice).
  *  I7. Layout is versioned by `magic` and the file's size; a file with
  *      another magic or size is not touched, and the process refuses every
  *      allocation on a limited device, loudly (fail closed: per-process
@@ -57,13 +71,20 @@
 #define GP_MAX_SLOTS 1024
 #define GP_MAGIC 0x6770706b68303031ull /* "gppkh001" */
 #define GP_RECLAIM (1ull << 62)
+#define GP_TAG_SHIFT 32
+#define GP_TAG_MASK ((1ull << 30) - 1)
+#define GP_WORD_PID(o) ((pid_t)((o)&0xffffffffu))
+#define GP_WORD_TAG(o) (((o) >> GP_TAG_SHIFT) & GP_TAG_MASK)
 
 struct gp_slot {
-	_Atomic uint64_t owner;      /* pid, or RECLAIM|reclaimer pid, or 0 */
+	_Atomic uint64_t owner;      /* tag<<32|pid, or RECLAIM|reclaimer's word, or 0 */
 	_Atomic uint64_t start_time; /* /proc/<pid>/stat field 22; 0 = unknown */
 	_Atomic uint64_t used[GP_MAX_DEV];
 	_Atomic uint64_t host_pid; /* as NVML numbers the owner; 0 = unknown */
-	uint64_t pad[5];
+	_Atomic uint64_t id_owner; /* the owner word proc_pid/proc_dev belong to (I9) */
+	_Atomic uint64_t proc_pid; /* the owner's pid as its /proc names it */
+	_Atomic uint64_t proc_dev; /* st_dev of that /proc */
+	uint64_t pad[2];
 } __attribute__((aligned(64)));
 
 struct gp_region {
@@ -75,11 +96,23 @@ struct gp_region {
 
 _Static_assert(sizeof(struct gp_slot) == 192, "slot layout is part of the file format");
 
-static uint64_t start_time_of(pid_t pid)
+/* Start time (field 22) of /proc/<pid>/stat, "self" when pid is 0; 0 when
+ * unknown. *gone (may be NULL) is set to GONE_NOENT when /proc has no such
+ * entry, GONE_ZOMBIE when the process is a zombie: it has exited, its files
+ * are closed and the driver has freed its memory; only its parent has not
+ * reaped it (a container's pid 1 that never calls wait leaves them for
+ * good). */
+enum { GONE_NOENT = 1, GONE_ZOMBIE = 2 };
+static uint64_t proc_start(uint64_t pid, int *gone)
 {
 	char path[64], buf[1024];
-	snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+	if (pid == 0)
+		snprintf(path, sizeof path, "/proc/self/stat");
+	else
+		snprintf(path, sizeof path, "/proc/%llu/stat", (unsigned long long)pid);
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (gone)
+		*gone = fd < 0 && errno == ENOENT ? GONE_NOENT : 0;
 	if (fd < 0)
 		return 0;
 	ssize_t n = read(fd, buf, sizeof buf - 1);
@@ -92,24 +125,98 @@ static uint64_t start_time_of(pid_t pid)
 	if (p == NULL)
 		return 0;
 	p++; /* the space before field 3 */
+	if (gone && (p[1] == 'Z' || p[1] == 'X'))
+		*gone = GONE_ZOMBIE;
 	for (int field = 3; field < 22 && p; field++)
 		p = strchr(p + 1, ' ');
 	return p ? strtoull(p + 1, NULL, 10) : 0;
 }
 
-/* 1 if the process that owns (pid, start) is gone. */
-static int owner_dead(pid_t pid, uint64_t start)
+/* Who this process is, as slots record it (I9). Computed at attach (and
+ * again in a forked child, which is another process). */
+struct gp_self {
+	pid_t pid;
+	uint64_t word;     /* tag<<32 | pid: the owner word of our slot */
+	uint64_t start;    /* our start time */
+	uint64_t proc_pid; /* our pid as the mounted /proc names it; 0 = unknown */
+	uint64_t proc_dev; /* that /proc's st_dev; 0 = unknown */
+	int proc_hides;    /* /proc hides processes from us (hidepid): no entry proves nothing; -1 unknown */
+};
+
+static void who_am_i(struct gp_self *me)
 {
+	struct stat st;
+	me->pid = getpid();
+	uint64_t tag = 0;
+	if (stat("/proc/self/ns/pid", &st) == 0) {
+		/* Fold the namespace inode into 30 bits, never 0 (0 = unknown). */
+		uint64_t x = (uint64_t)st.st_ino * 0x9e3779b97f4a7c15ull;
+		tag = (x >> 34) % GP_TAG_MASK + 1;
+	}
+	me->word = tag << GP_TAG_SHIFT | (uint64_t)(uint32_t)me->pid;
+	me->start = proc_start(0, NULL);
+	char buf[32];
+	ssize_t n = readlink("/proc/self", buf, sizeof buf - 1);
+	me->proc_pid = 0;
+	me->proc_dev = 0;
+	if (n > 0) {
+		buf[n] = '\0';
+		me->proc_pid = strtoull(buf, NULL, 10);
+		if (me->proc_pid != 0 && stat("/proc", &st) == 0)
+			me->proc_dev = (uint64_t)st.st_dev;
+		else
+			me->proc_pid = 0;
+	}
+	me->proc_hides = -1; /* asked when first needed (owner_dead) */
+}
+
+/* Every /proc has a pid 1 (its namespace's init); not seeing it means a
+ * hidepid mount that hides other users' processes from us. */
+static int proc_hides(struct gp_self *me)
+{
+	struct stat st;
+	if (me->proc_hides < 0)
+		me->proc_hides = stat("/proc/1/stat", &st) != 0 && errno == ENOENT;
+	return me->proc_hides;
+}
+
+/* 1 if the process that owns slot s (owner word o) is gone, as far as
+ * this process can tell (I6, I9). */
+static int owner_dead(struct gp_slot *s, uint64_t o, struct gp_self *me)
+{
+	pid_t pid = GP_WORD_PID(o);
+	uint64_t tag = GP_WORD_TAG(o), mytag = GP_WORD_TAG(me->word);
+	uint64_t start = (o & GP_RECLAIM) ? 0 : atomic_load(&s->start_time);
+	int known = !(o & GP_RECLAIM) && atomic_load(&s->id_owner) == o;
+	uint64_t ppid = known ? atomic_load(&s->proc_pid) : 0, pdev = known ? atomic_load(&s->proc_dev) : 0;
+	int same_proc = ppid != 0 && pdev != 0 && pdev == me->proc_dev;
 	if (pid <= 0)
 		return 0;
-	if (kill(pid, 0) != 0 && errno == ESRCH)
-		return 1;
-	if (start != 0) {
-		uint64_t now = start_time_of(pid);
-		if (now != 0 && now != start)
-			return 1; /* pid recycled */
+	if (tag == 0 || mytag == 0 || tag == mytag) {
+		/* Our pid namespace (or one of us cannot tell: as before). */
+		if (kill(pid, 0) != 0 && errno == ESRCH)
+			return 1;
+		uint64_t now = 0;
+		int gone = 0;
+		if (same_proc)
+			now = proc_start(ppid, &gone);
+		else if (me->proc_pid == (uint64_t)me->pid)
+			now = proc_start((uint64_t)pid, &gone); /* /proc numbers as we do */
+		else
+			return 0;
+		/* kill() found it: a zombie is dead; no /proc entry proves nothing
+		 * (hidepid, or it exits right now). Another start time: the pid was
+		 * recycled. */
+		return gone == GONE_ZOMBIE || (start != 0 && now != 0 && now != start);
 	}
-	return 0;
+	/* Another pid namespace: its pids mean nothing here. */
+	if (!same_proc)
+		return 0; /* cannot tell: keep it */
+	int gone = 0;
+	uint64_t now = proc_start(ppid, &gone);
+	if (gone == GONE_NOENT)
+		return !proc_hides(me);
+	return gone == GONE_ZOMBIE || (start != 0 && now != 0 && now != start);
 }
 
 /* Maps the named file shared; NULL (reason in why) when it cannot be
@@ -199,30 +306,31 @@ int gp_region_open(struct gp_region_handle *h, const char *path)
 
 static void zero_slot(struct gp_slot *s)
 {
+	atomic_store(&s->id_owner, 0); /* first: the identity below is stale */
 	for (int d = 0; d < GP_MAX_DEV; d++)
 		atomic_store(&s->used[d], 0);
 	atomic_store(&s->host_pid, 0);
 	atomic_store(&s->start_time, 0);
+	atomic_store(&s->proc_pid, 0);
+	atomic_store(&s->proc_dev, 0);
 }
 
+static struct gp_self self_id; /* of the attached process (fork: re-attach) */
+
 /* Reclaims slot i if its owner (or its dead reclaimer) is gone. */
-static int try_reclaim(struct gp_region_handle *h, int i, pid_t self)
+static int try_reclaim(struct gp_region_handle *h, int i, struct gp_self *me)
 {
 	struct gp_slot *s = &h->r->slots[i];
 	uint64_t o = atomic_load(&s->owner);
-	if (o == 0)
+	if (o == 0 || (o & ~GP_RECLAIM) == me->word)
 		return 0;
-	pid_t pid = (pid_t)(o & 0xffffffffu);
-	if (pid == self)
+	if (!owner_dead(s, o, me))
 		return 0;
-	uint64_t start = (o & GP_RECLAIM) ? 0 : atomic_load(&s->start_time);
-	if (!owner_dead(pid, start))
-		return 0;
-	if (!atomic_compare_exchange_strong(&s->owner, &o, GP_RECLAIM | (uint64_t)self))
+	if (!atomic_compare_exchange_strong(&s->owner, &o, GP_RECLAIM | me->word))
 		return 0;
 	zero_slot(s);
 	atomic_store(&s->owner, 0);
-	gp_log(GP_LOG_INFO, "reclaimed slot %d of dead pid %d", i, (int)pid);
+	gp_log(GP_LOG_INFO, "reclaimed slot %d of dead pid %d", i, (int)GP_WORD_PID(o));
 	return 1;
 }
 
@@ -230,22 +338,26 @@ int gp_region_reclaim_dead(struct gp_region_handle *h)
 {
 	int n = 0;
 	uint32_t hw = atomic_load(&h->r->hw);
-	pid_t self = getpid();
+	if (self_id.pid != getpid())
+		who_am_i(&self_id);
 	for (uint32_t i = 0; i < hw && i < GP_MAX_SLOTS; i++)
-		n += try_reclaim(h, (int)i, self);
+		n += try_reclaim(h, (int)i, &self_id);
 	return n;
 }
 
 int gp_region_attach(struct gp_region_handle *h)
 {
-	pid_t self = getpid();
+	who_am_i(&self_id);
+	pid_t self = self_id.pid;
+	uint64_t word = self_id.word;
 	struct gp_region *r = h->r;
 	uint32_t hw0 = atomic_load(&r->hw);
 	for (uint32_t i = 0; i < hw0 && i < GP_MAX_SLOTS; i++) {
-		uint64_t o = (uint64_t)self;
+		/* Our pid in our namespace (I9): the image we exec'd away from. */
+		uint64_t o = word;
 		if (atomic_load(&r->slots[i].owner) != o)
 			continue;
-		if (atomic_compare_exchange_strong(&r->slots[i].owner, &o, GP_RECLAIM | (uint64_t)self)) {
+		if (atomic_compare_exchange_strong(&r->slots[i].owner, &o, GP_RECLAIM | word)) {
 			zero_slot(&r->slots[i]);
 			atomic_store(&r->slots[i].owner, 0);
 			gp_log(GP_LOG_INFO, "reclaimed slot %u of this process's previous image", i);
@@ -256,16 +368,21 @@ int gp_region_attach(struct gp_region_handle *h)
 			uint64_t z = 0;
 			if (atomic_load(&r->slots[i].owner) != 0)
 				continue;
-			if (!atomic_compare_exchange_strong(&r->slots[i].owner, &z, (uint64_t)self))
+			if (!atomic_compare_exchange_strong(&r->slots[i].owner, &z, word))
 				continue;
 			/* I3: publish hw before the first charge. */
 			uint32_t hw = atomic_load(&r->hw);
 			while (hw < (uint32_t)i + 1 && !atomic_compare_exchange_weak(&r->hw, &hw, (uint32_t)i + 1))
 				;
-			zero_slot(&r->slots[i]);
-			atomic_store(&r->slots[i].start_time, start_time_of(self));
+			struct gp_slot *s = &r->slots[i];
+			zero_slot(s);
+			atomic_store(&s->start_time, self_id.start);
+			atomic_store(&s->proc_pid, self_id.proc_pid);
+			atomic_store(&s->proc_dev, self_id.proc_dev);
+			atomic_store(&s->id_owner, word); /* I9: publishes the two above */
 			h->slot = i;
 			h->pid = self;
+			h->word = word;
 			return 0;
 		}
 		gp_region_reclaim_dead(h); /* full: make room from dead processes */
@@ -280,7 +397,7 @@ void gp_region_detach(struct gp_region_handle *h)
 		return;
 	struct gp_slot *s = &h->r->slots[h->slot];
 	zero_slot(s);
-	uint64_t o = (uint64_t)h->pid;
+	uint64_t o = h->word;
 	atomic_compare_exchange_strong(&s->owner, &o, 0);
 	h->slot = -1;
 }
@@ -354,7 +471,7 @@ int gp_region_pids(struct gp_region_handle *h, pid_t *out, int max)
 	for (uint32_t i = 0; i < hw && i < GP_MAX_SLOTS && n < max; i++) {
 		uint64_t o = atomic_load(&h->r->slots[i].owner);
 		if (o != 0 && !(o & GP_RECLAIM))
-			out[n++] = (pid_t)o;
+			out[n++] = GP_WORD_PID(o);
 	}
 	return n;
 }

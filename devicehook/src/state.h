@@ -39,6 +39,10 @@ struct gp_config {
 	char shared_cache[1024];        /* "" = private accounting */
 	int from_file;                  /* limits came from the trusted file */
 	int fail_closed;                /* the trusted file is unusable: refuse all */
+	/* GPUPACK_DEVICE_UUID_<i> (trusted file only): the GPU limits index
+	 * i names. Any set: CUdevices map to indices by UUID (gp_dev_index). */
+	unsigned uuid_set;              /* bit i: uuid[i] given */
+	unsigned char uuid[GP_MAX_DEV][16];
 };
 
 /* The trusted limits file, written and mounted read-only by gpupack-node's
@@ -51,6 +55,8 @@ struct gp_config {
 int gp_parse_size(const char *s, uint64_t *out);
 int gp_parse_percent(const char *s, int *out);
 int gp_parse_bool(const char *s, int *out);
+/* "GPU-"/"MIG-" and 8-4-4-4-12 hex digits into its 16 bytes. */
+int gp_parse_uuid(const char *s, unsigned char out[16]);
 /* Fills c from an environ-style array. Every malformed value is reported
  * through the log at ERROR level and replaced by its safe fallback. */
 void gp_config_from_env(struct gp_config *c, char *const *envp);
@@ -60,10 +66,37 @@ void gp_config_from_env(struct gp_config *c, char *const *envp);
 int gp_config_from_file(struct gp_config *c, const char *buf, size_t len, char *err, size_t errlen);
 /* The whole rule: limits from the file at path when it exists (env keys
  * ignored), fail closed when it exists but is unusable, the environment
- * when it does not exist. The library passes GP_LIMITS_PATH only; the
- * parameter exists for the parser's test program. */
-void gp_config_load(struct gp_config *c, char *const *envp, const char *path);
+ * when it does not exist — unless `node` (this library is the copy
+ * gpupack-node installed, see gp_installed_by_node): then a missing file
+ * fails closed too, since on a gpupack node every container the hook is
+ * delivered to gets one, and only a mount that hides it makes it missing.
+ * The file is opened without following symlinks, and with require_ro it
+ * must be on a read-only mount (gpupack-node mounts it so); either fails
+ * closed. The library passes GP_LIMITS_PATH and require_ro = 1 only; the
+ * parameters exist for the parser's test program. */
+void gp_config_load(struct gp_config *c, char *const *envp, const char *path, int node, int require_ro);
+
+/* gpupack-node's installer writes this stamp next to the library in the
+ * read-only hook folder it mounts into containers
+ * (devicehook/node/installer: VersionFile). A library that finds it
+ * beside itself is the node's copy: the trusted limits file must exist. */
+#define GP_NODE_MARKER "VERSION"
+/* 1 when the library at lib_path (as the loader named it) has
+ * GP_NODE_MARKER in its folder. */
+int gp_installed_by_node(const char *lib_path);
+/* gpupack-node's default hook folder as containers see it
+ * (v1alpha1.DefaultHookHostPath; the device plugin mounts it at the same
+ * path). The stamp there also counts: any copy of this library in a
+ * container that has the node's hook folder mounted is on a gpupack node,
+ * so a tenant cannot preload its own copy from elsewhere to get the
+ * environment fallback back. */
+#define GP_NODE_HOOK_DIR "/usr/local/gpupack"
+#define GP_NODE_HOOK_LIB GP_NODE_HOOK_DIR "/libgpupack-hook.so"
 void gp_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* NULL when this process cannot change the file open at fd (read-only
+ * mount, or another owner and no write permission or capability for us);
+ * otherwise why it can. */
+const char *gp_fd_writable_by_us(int fd);
 
 /* ---- region.c ---------------------------------------------------------- */
 
@@ -73,6 +106,7 @@ struct gp_region_handle {
 	struct gp_region *r;
 	int slot;        /* our slot index, -1 when detached */
 	pid_t pid;       /* pid that owns `slot` (fork changes it) */
+	uint64_t word;   /* the slot's owner word: pid-namespace tag and pid */
 	int shared;      /* backed by CUDA_DEVICE_MEMORY_SHARED_CACHE */
 };
 
@@ -115,6 +149,27 @@ int gp_table_put(struct gp_table *t, uint64_t key, int kind, int dev, uint64_t s
 int gp_table_take(struct gp_table *t, uint64_t key, int kind, int *dev, uint64_t *size, uint64_t *aux, uint64_t *ctx);
 int gp_table_get(struct gp_table *t, uint64_t key, int kind, int *dev, uint64_t *size);
 
+/* Devices and limits indices. Every `dev` in the hook is a CUdevice (the
+ * process's ordinal, which CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER, the
+ * tenant's, choose); limits (gp.cfg) and the shared region are kept per
+ * limits index. gp_dev_index maps one to the other: the identity without
+ * GPUPACK_DEVICE_UUID_<i> in the trusted file; with them, the index whose
+ * UUID is the device's (cuDeviceGetUuid, asked once per device and
+ * cached), or GP_DEV_NONE (no such index, or the driver cannot say): no
+ * memory for that device. */
+#define GP_DEV_NONE (-1)
+int gp_dev_resolve(int dev); /* the slow path: asks the driver, caches */
+static inline int gp_dev_index(int dev);
+/* The memory limit of CUdevice dev (0 for GP_DEV_NONE) and the SM limit
+ * (the tightest in the file while the device cannot be mapped yet). */
+static inline uint64_t gp_mem_limit(int dev);
+int gp_sm_limit(int dev);
+/* The limits index of an NVML device (by nvmlDeviceGetUUID in UUID
+ * mode, by its NVML index otherwise), and a CUdevice this process mapped
+ * to index i (-1 if none). */
+int gp_nvml_index(nvmlDevice_t d);
+int gp_index_dev(int i);
+uint64_t gp_index_used(int i); /* what the container holds on index i */
 /* Charge `size` bytes on dev against its limit: CUDA_SUCCESS or
  * CUDA_ERROR_OUT_OF_MEMORY. Uncharged devices (no limit) always succeed. */
 CUresult gp_charge(int dev, uint64_t size);
@@ -144,7 +199,18 @@ void gp_pool_register(uint64_t pool, int dev);
 void gp_pool_forget(uint64_t pool);
 void gp_pool_reset(void);
 int gp_pool_dev(uint64_t pool);
-CUresult gp_pool_begin(uint64_t pool, int dev, uint64_t size, uint64_t *taken);
+/* Charge an allocation of size from pool on stream (0: a default stream),
+ * given the driver's RESERVED_MEM_CURRENT and USED_MEM_CURRENT (either
+ * GP_RESERVED_UNKNOWN). Memory the pool holds serves it uncharged only if
+ * the driver can really reuse it: idle memory (reserved - used), or blocks
+ * freed on this very stream whose free has not run yet (stream order lets
+ * the driver reuse those). A block freed on another stream, not yet run,
+ * is still in use: the pool would grow, so the request is charged. */
+CUresult gp_pool_begin(uint64_t pool, int dev, uint64_t size, uint64_t stream, uint64_t reserved, uint64_t used,
+		       uint64_t *taken);
+/* A cuMemFreeAsync of size from pool on stream, which the driver runs
+ * when the stream gets there. */
+void gp_pool_pending(uint64_t pool, uint64_t stream, uint64_t size);
 void gp_pool_end(uint64_t pool, int dev, uint64_t size, uint64_t taken, int ok, uint64_t reserved);
 void gp_pool_freed(uint64_t pool, int dev, uint64_t size, uint64_t reserved);
 void gp_pool_reconcile(uint64_t pool, int dev, uint64_t reserved);
@@ -170,16 +236,38 @@ struct gp_limiter {
 	_Atomic uint64_t launched; /* cost admitted since start (cumulative) */
 	_Atomic int waited;        /* a launch waited since the last tick */
 	/* Control thread only: */
-	unsigned long long last_sample_us; /* newest NVML sample seen */
-	unsigned long long cadence_us;     /* smallest gap seen between samples */
+	unsigned long long last_sample_us; /* newest NVML sample seen (wall clock, NVML's stamp) */
+	long long clock_off;               /* wall clock - monotonic at the last tick, us */
+	int off_known;
+	unsigned long long cadence_us;     /* smallest of the recent gaps between samples */
+	unsigned long long gaps[8];        /* the last gaps between sample stamps */
+	int ngaps;
 	double k;                          /* util percent per cost/s; 0 = unknown */
 	double floor;                      /* the rate is never set below this */
-	int ring_n, ring_i;                /* (time, cumulative cost) per tick */
+	int ring_n, ring_i;                /* (monotonic time, cumulative cost) per tick */
 	struct {
 		unsigned long long us;
 		uint64_t cum;
 	} ring[GP_RING];
-	int warned;
+	/* Duty-cycle mode (NVML not trusted, limits from the trusted file):
+	 * launches pass for target % of each period, then wait until the
+	 * device ran them and stay off for the rest (limiter.c). */
+	int duty;
+	uint64_t on_start, off_until;
+	int in_duty; /* the duty cycle paced the last launch (its phase is current) */
+	/* Issue 15 H3(b): until the first calibration, and while this
+	 * process's utilisation cannot be told from its neighbours' (host pid
+	 * unknown, device shared), the same duty cycle paces launches. */
+	_Atomic int unknown;  /* the last sample could not be attributed */
+	int said_uncal, said_unknown;
+	/* Issue 15 H1/H2: the budget, in microseconds of device time. It
+	 * grows by target % of the wall time (control thread, at each tick,
+	 * up to credit_max) and shrinks by what NVML says the container's
+	 * processes ran; no launch passes while it is negative. */
+	double credit;
+	uint64_t credit_ns;   /* control thread: last accrual (monotonic) */
+	double u_prev;        /* control thread: our utilisation in the last sample */
+	unsigned long long poll_rt; /* control thread: wall clock of the last NVML poll, us */
 };
 
 void gp_limiter_setup(void);
@@ -189,7 +277,7 @@ void gp_limiter_admit(int dev, uint64_t cost);
 struct gp_pidsnap {
 	int ok;
 	unsigned n;
-	unsigned pids[64];
+	nvmlProcessInfo_t *procs; /* malloc'd; gp_hostpid_after frees it */
 };
 void gp_hostpid_before(int dev, struct gp_pidsnap *s);
 void gp_hostpid_after(int dev, struct gp_pidsnap *s, int created);
@@ -209,6 +297,14 @@ struct gp_pools {
 		int dev;
 		uint64_t live;  /* bytes of live allocations from the pool (ours) */
 		uint64_t slack; /* charged beyond live: reserved - live, last we knew */
+		/* Bytes freed in stream order whose free may not have run, per
+		 * stream (a few streams; the rest pooled under UINT64_MAX, which
+		 * no stream matches). Cleared when the driver's used figure
+		 * shows no free pending. */
+		struct {
+			uint64_t stream, bytes;
+		} pend[8];
+		int npend;
 	} e[GP_MAX_POOLS];
 };
 
@@ -263,6 +359,11 @@ struct gp_state {
 	gp_fn_nvml_migmode nvml_migmode; /* nvmlDeviceGetMigMode */
 	pthread_once_t nvml_sym_once;    /* the limiter's NVML symbols */
 	int nvml_ok;
+	int nvml_untrusted;              /* limits from the file, no trusted NVML: duty cycle */
+	CUresult (*ctx_sync)(void);      /* cuCtxSynchronize (the driver's), for the duty cycle */
+	CUresult (*stream_get_ctx)(CUstream, CUcontext *); /* a stream's device (issue 15 M3) */
+	CUresult (*ctx_push)(CUcontext);
+	CUresult (*ctx_pop)(CUcontext *);
 	_Atomic unsigned host_pid;       /* this process as NVML numbers it; 0 = unknown */
 	_Atomic int host_pid_tried;
 	unsigned host_cands[8];          /* ambiguous resolution: one of these */
@@ -270,10 +371,18 @@ struct gp_state {
 	_Atomic int host_probes;         /* memory probes tried */
 	CUresult (*mem_alloc)(CUdeviceptr *, size_t); /* the driver's, for the probe */
 	CUresult (*mem_free)(CUdeviceptr);
+	CUresult (*ctx_destroy)(CUcontext);          /* undo a context over the limit */
+	CUresult (*primary_release)(CUdevice);
 	CUresult (*ctx_get_limit)(size_t *, CUlimit);
 	CUresult (*dev_get_attr)(int *, int, CUdevice);
+	CUresult (*dev_total_mem)(size_t *, CUdevice); /* cuDeviceTotalMem_v2 (the driver's): NVML's per-process figures' bound */
 	struct gp_region_handle region;
 	struct gp_table table;
+	/* gp_dev_index's cache per CUdevice: 0 not asked yet, index + 1, or
+	 * GP_DEV_NONE. Kept across fork (same driver, same environment). */
+	_Atomic int dev_index[GP_MAX_DEV];
+	CUresult (*dev_get_uuid)(CUuuid *, CUdevice); /* cuDeviceGetUuid_v2, else cuDeviceGetUuid */
+	nvmlReturn_t (*nvml_uuid)(nvmlDevice_t, char *, unsigned int); /* nvmlDeviceGetUUID */
 	_Atomic int primary_refs[GP_MAX_DEV];
 	uint64_t primary_charge[GP_MAX_DEV]; /* what the primary context is charged */
 	_Atomic int ctx_live[GP_MAX_DEV];    /* contexts this process holds on dev */
@@ -292,9 +401,31 @@ extern struct gp_state gp;
 
 void gp_init(void); /* idempotent; cheap after the first call */
 
+static inline int gp_dev_index(int dev)
+{
+	if (!gp.cfg.uuid_set)
+		return dev >= 0 && dev < GP_MAX_DEV ? dev : GP_DEV_NONE;
+	if (dev < 0 || dev >= GP_MAX_DEV)
+		return GP_DEV_NONE;
+	int v = atomic_load_explicit(&gp.dev_index[dev], memory_order_relaxed);
+	return v > 0 ? v - 1 : v < 0 ? GP_DEV_NONE : gp_dev_resolve(dev);
+}
+
+static inline uint64_t gp_mem_limit(int dev)
+{
+	int i = gp_dev_index(dev);
+	return i < 0 ? 0 : gp.cfg.mem_limit[i];
+}
+
+/* Without UUIDs, a device beyond GP_MAX_DEV is not limited (as ever);
+ * with them, every device that is not in the file is (to 0 bytes). */
 static inline int gp_mem_limited(int dev)
 {
-	return dev >= 0 && dev < GP_MAX_DEV && gp.cfg.mem_limit[dev] != GP_UNLIMITED;
+	if (!gp.cfg.uuid_set && (dev < 0 || dev >= GP_MAX_DEV))
+		return 0;
+	if (dev < 0)
+		return 0; /* no device (no context): the driver refuses it */
+	return gp_mem_limit(dev) != GP_UNLIMITED;
 }
 
 static inline uint64_t gp_now_ns(void);

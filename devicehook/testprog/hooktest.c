@@ -131,10 +131,17 @@ static void resolve(void)
 #undef DECL
 }
 
+/* HOOKTEST_DEVICE=n: the commands that work on device 0 use CUdevice n
+ * (and launch measures its busy time there). */
+static int ctx_dev;
 static void ctx(int dev)
 {
 	CUcontext c;
 	int rc;
+	const char *hd = getenv("HOOKTEST_DEVICE");
+	if (dev == 0 && hd != NULL)
+		dev = atoi(hd);
+	ctx_dev = dev;
 	if ((rc = A.p_cuInit(0)) != 0)
 		die("cuInit", rc);
 	if ((rc = A.p_cuDevicePrimaryCtxRetain(&c, dev)) != 0)
@@ -490,7 +497,19 @@ static int cmd_ctxlimit(uint64_t chunk)
 	A.p_cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, 8 << 20);
 	while (n2 < MAXH && a_mem(chunk, &handles[n2]) == 0)
 		n2++;
-	printf("heap_rc=%d with_heap=%d stack_rc=%d after_shrink=%d\n", heap, n1, stack, n2);
+	for (int i = n2; i > 0;)
+		A.p_cuMemFree_v2(handles[--i]);
+	/* The device runtime's limits (issue 15 M5): growth refused under a
+	 * limit, shrinking passes; what the growth took on the device (MiB). */
+	uint64_t u0 = fake_used(0);
+	int pend = A.p_cuCtxSetLimit(CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT, 1 << 16);
+	int sync = A.p_cuCtxSetLimit(CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH, 8);
+	int64_t grew = (int64_t)fake_used(0) - (int64_t)u0;
+	int same = A.p_cuCtxSetLimit(CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH, 2);
+	int shrink = A.p_cuCtxSetLimit(CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT, 1024);
+	printf("heap_rc=%d with_heap=%d stack_rc=%d after_shrink=%d pending_rc=%d sync_rc=%d same_rc=%d "
+	       "shrink_rc=%d devrt_grew_mib=%lld\n", heap, n1, stack, n2, pend, sync, same, shrink,
+	       (long long)(grew / (1 << 20)));
 	return 0;
 }
 
@@ -553,6 +572,82 @@ static int cmd_gpanewer(void)
 	/* dlsym on the driver: not a name the hook wraps, so the driver's own. */
 	printf("v3_untouched=%d v3_rc=%d v3_total=%zu v2_found=%d\n", v3 == dlsym(cu, "cuMemGetInfo_v3"), (int)rc, t,
 	       v2 != NULL);
+	/* An allocation ABI the hook does not know (cuMemAlloc_v3 from
+	 * 13020): refused under a memory limit, untouched without one. */
+	void *a3 = (void *)1;
+	CUresult arc = gpa2("cuMemAlloc", &a3, 13020, CU_GET_PROC_ADDRESS_DEFAULT, &st);
+	CUdeviceptr p = 0;
+	CUresult prc = a3 ? ((CUresult(*)(CUdeviceptr *, size_t, unsigned))a3)(&p, 1 << 20, 0) : (CUresult)-1;
+	printf("alloc3_gpa_rc=%d alloc3_status=%d alloc3_null=%d alloc3_untouched=%d alloc3_rc=%d\n", (int)arc,
+	       (int)st, a3 == NULL, a3 != NULL && a3 == dlsym(cu, "cuMemAlloc_v3"), (int)prc);
+	/* A legacy launch ABI the hook does not know (cuLaunchGrid_v2 from
+	 * 13020): refused under an SM limit, untouched without one. */
+	void *g2 = (void *)1;
+	CUresult grc = gpa2("cuLaunchGrid", &g2, 13020, CU_GET_PROC_ADDRESS_DEFAULT, &st);
+	printf("grid2_gpa_rc=%d grid2_status=%d grid2_null=%d grid2_untouched=%d\n", (int)grc, (int)st, g2 == NULL,
+	       g2 != NULL && g2 == dlsym(cu, "cuLaunchGrid_v2"));
+	return 0;
+}
+
+/* freeasync CHUNK MS: a block of the default pool freed in stream order
+ * on s1 behind MS ms of queued work, then the same size asked on another
+ * stream s2 (the free has not run: the driver would grow the pool), on s1
+ * (stream order: the driver reuses the block), and on s2 again once s1 is
+ * synchronised. other/same/after: each answer; reached: whether the s2
+ * request reached the driver; max_used: the most the device held. */
+static int cmd_freeasync(uint64_t chunk, long ms)
+{
+	ctx(0);
+	CUstream s1, s2;
+	if (A.p_cuStreamCreate(&s1, 0) || A.p_cuStreamCreate(&s2, 0))
+		die("cuStreamCreate", 0);
+	CUmodule m;
+	CUfunction f;
+	A.p_cuModuleLoadData(&m, "");
+	A.p_cuModuleGetFunction(&f, m, "k1000000"); /* 1 ms per block */
+	CUdeviceptr a, b, c, d;
+	if (A.p_cuMemAllocAsync(&a, chunk, s1))
+		die("cuMemAllocAsync", 0);
+	uint64_t max = fake_used(0);
+#define SEEN() do { if (fake_used(0) > max) max = fake_used(0); } while (0)
+	if (A.p_cuLaunchKernel(f, (unsigned)ms, 1, 1, 1, 1, 1, 0, s1, NULL, NULL))
+		die("cuLaunchKernel", 0);
+	if (A.p_cuMemFreeAsync(a, s1))
+		die("cuMemFreeAsync", 0);
+	uint64_t calls = fake_calls();
+	int other = A.p_cuMemAllocAsync(&b, chunk, s2);
+	int reached = fake_calls() != calls;
+	SEEN();
+	if (other == 0)
+		A.p_cuMemFreeAsync(b, s2);
+	int same = A.p_cuMemAllocAsync(&c, chunk, s1);
+	SEEN();
+	if (same == 0)
+		A.p_cuMemFreeAsync(c, s1);
+	A.p_cuStreamSynchronize(s1);
+	int after = A.p_cuMemAllocAsync(&d, chunk, s2);
+	SEEN();
+#undef SEEN
+	printf("other=%d reached=%d same=%d after=%d max_used=%llu\n", other, reached, same, after,
+	       (unsigned long long)max);
+	return 0;
+}
+
+/* streamdev CHUNK: a stream made in a context on device 1, used with
+ * device 0's context current: cuMemAllocAsync on it until refused. */
+static int cmd_streamdev(uint64_t chunk)
+{
+	A.p_cuInit(0);
+	CUcontext c1;
+	CUstream s;
+	if (A.p_cuCtxCreate_v2(&c1, 0, 1) || A.p_cuStreamCreate(&s, 0))
+		die("context and stream on device 1", 0);
+	ctx(0);
+	int n = 0;
+	CUdeviceptr p;
+	while (n < MAXH && A.p_cuMemAllocAsync(&p, chunk, s) == 0)
+		handles[n++] = p;
+	printf("n=%d used0=%llu used1=%llu\n", n, (unsigned long long)fake_used(0), (unsigned long long)fake_used(1));
 	return 0;
 }
 
@@ -574,6 +669,25 @@ static int cmd_ctxgone(uint64_t chunk)
 	while (n2 < MAXH && a_mem(chunk, &handles[n2]) == 0)
 		n2++;
 	printf("after_destroy=%d after_reset=%d\n", n1, n2);
+	return 0;
+}
+
+/* ctxloop MAX CHUNK: retain the primary context (primary_rc), create up
+ * to MAX more contexts until refused (created, create_rc: the refusal),
+ * then allocate CHUNK bytes until refused in the last one (n). */
+static int cmd_ctxloop(int max, uint64_t chunk)
+{
+	A.p_cuInit(0);
+	CUcontext c, primary = NULL;
+	int primary_rc = A.p_cuDevicePrimaryCtxRetain(&primary, 0), created = 0, create_rc = 0;
+	while (created < max && (create_rc = A.p_cuCtxCreate_v2(&c, 0, 0)) == 0)
+		created++;
+	if (primary_rc == 0)
+		A.p_cuCtxSetCurrent(primary);
+	int n = 0;
+	while (n < MAXH && a_mem(chunk, &handles[n]) == 0)
+		n++;
+	printf("primary_rc=%d created=%d create_rc=%d n=%d\n", primary_rc, created, create_rc, n);
 	return 0;
 }
 
@@ -632,12 +746,14 @@ static int cmd_query(uint64_t alloc)
 }
 
 /* hold CHUNK: allocate until refused, report, wait for stdin EOF, exit. */
+static int hold_max = MAXH; /* hold CHUNK [N]: at most N chunks */
+
 static int cmd_hold(uint64_t chunk)
 {
 	ctx(0);
 	int n = 0;
 	CUdeviceptr p;
-	while (n < MAXH && A.p_cuMemAlloc_v2(&p, chunk) == 0)
+	while (n < hold_max && A.p_cuMemAlloc_v2(&p, chunk) == 0)
 		handles[n++] = p;
 	printf("held=%d\n", n);
 	fflush(stdout);
@@ -683,10 +799,79 @@ static int cmd_grab(uint64_t chunk)
 static uint64_t my_busy(void)
 {
 	uint64_t pids[256], busy[256];
-	int n = fake_busy(0, pids, busy, 256);
+	int n = fake_busy(ctx_dev, pids, busy, 256);
 	for (int i = 0; i < n; i++)
 		if (pids[i] == (uint64_t)getpid())
 			return busy[i];
+	return 0;
+}
+
+/* onekernel KN (review 15): one launch of kernel KN (100 blocks), wait
+ * for it, print this process's device time and exit: a tenant that runs
+ * every long kernel in a fresh process. */
+static int cmd_onekernel(const char *name)
+{
+	ctx(0);
+	CUmodule m;
+	CUfunction f;
+	A.p_cuModuleLoadData(&m, "");
+	A.p_cuModuleGetFunction(&f, m, name);
+	int rc = A.p_cuLaunchKernel(f, 100, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL);
+	if (rc)
+		die("launch", rc);
+	A.p_cuCtxSynchronize();
+	printf("busy_ns=%llu\n", (unsigned long long)my_busy());
+	return 0;
+}
+
+/* twoctx SECS (review 15): thread 1 launches empty kernels in the primary
+ * context, thread 2 300 ms kernels in a second context of the same device,
+ * for SECS; prints this process's share of the device. */
+static CUcontext twoctx_b;
+static uint64_t twoctx_end;
+static long twoctx_heavy_n;
+static void *twoctx_heavy(void *arg)
+{
+	(void)arg;
+	A.p_cuCtxSetCurrent(twoctx_b);
+	CUmodule m;
+	CUfunction f;
+	A.p_cuModuleLoadData(&m, "");
+	A.p_cuModuleGetFunction(&f, m, "k3000000");
+	while (now_ns() < twoctx_end)
+		if (A.p_cuLaunchKernel(f, 100, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL))
+			die("launch heavy", 1);
+		else
+			twoctx_heavy_n++;
+	return NULL;
+}
+static int cmd_twoctx(double secs)
+{
+	ctx(0);
+	CUcontext a;
+	A.p_cuCtxGetCurrent(&a);
+	if (A.p_cuCtxCreate_v2(&twoctx_b, 0, 0))
+		die("cuCtxCreate_v2", 1);
+	A.p_cuCtxSetCurrent(a);
+	CUmodule m;
+	CUfunction f;
+	A.p_cuModuleLoadData(&m, "");
+	A.p_cuModuleGetFunction(&f, m, "k0"); /* empty: on a GPU it runs at once in its context's time slice */
+	uint64_t t0 = now_ns(), b0 = my_busy();
+	twoctx_end = t0 + (uint64_t)(secs * 1e9);
+	pthread_t t;
+	pthread_create(&t, NULL, twoctx_heavy, NULL);
+	while (now_ns() < twoctx_end)
+		if (A.p_cuLaunchKernel(f, 100, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL))
+			die("launch", 1);
+	pthread_join(t, NULL);
+	/* Count every kernel to its end: wait for both contexts' work. */
+	A.p_cuCtxSetCurrent(twoctx_b);
+	A.p_cuCtxSynchronize();
+	A.p_cuCtxSetCurrent(a);
+	A.p_cuCtxSynchronize();
+	uint64_t t1 = now_ns();
+	printf("util=%.2f heavy=%ld\n", 100.0 * (double)(my_busy() - b0) / (double)(t1 - t0), twoctx_heavy_n);
 	return 0;
 }
 
@@ -703,7 +888,37 @@ static int cmd_launch(const char *api, double secs, double warm)
 	A.p_cuGraphCreate(&g, 0);
 	A.p_cuGraphInstantiateWithFlags(&ge, g, 0);
 	CUlaunchConfig cfg = {100, 1, 1, 128, 1, 1, 0, NULL, NULL, 0};
+	/* HOOKTEST_HEAVY_AFTER_MS: from then on, kernels that take 3x the
+	 * device time for the same grid (the limiter must learn it again). */
+	CUfunction heavy;
+	A.p_cuModuleGetFunction(&heavy, m, "k3000");
+	const char *ha = getenv("HOOKTEST_HEAVY_AFTER_MS");
 	uint64_t t0 = now_ns(), tw = t0 + (uint64_t)(warm * 1e9), te = t0 + (uint64_t)(secs * 1e9);
+	uint64_t th = ha ? t0 + strtoull(ha, NULL, 10) * 1000000ull : UINT64_MAX;
+	/* A launch mix (issue 15 H1/H2, the tenant who games the limiter):
+	 * HOOKTEST_FIRST="kN:ms" runs kernel kN for the first ms, then
+	 * HOOKTEST_CYCLE="kA:ms,kB:ms,..." repeats (kN: N ns per block, 100
+	 * blocks a launch, so k10 is a 1 us kernel and k3000000 a 300 ms one). */
+	struct { CUfunction f; uint64_t ns; } ph[9];
+	int nph = 0;
+	int has_first = 0;
+	char spec[256];
+	snprintf(spec, sizeof spec, "%s%s%s", getenv("HOOKTEST_FIRST") ? getenv("HOOKTEST_FIRST") : "",
+		 getenv("HOOKTEST_FIRST") && getenv("HOOKTEST_CYCLE") ? "," : "",
+		 getenv("HOOKTEST_CYCLE") ? getenv("HOOKTEST_CYCLE") : "");
+	has_first = getenv("HOOKTEST_FIRST") != NULL;
+	for (char *save = NULL, *tok = strtok_r(spec, ",", &save); tok && nph < 9; tok = strtok_r(NULL, ",", &save)) {
+		char *colon = strchr(tok, ':');
+		if (colon == NULL)
+			die("HOOKTEST_FIRST/HOOKTEST_CYCLE entry without ':'", 1);
+		*colon = 0;
+		A.p_cuModuleGetFunction(&ph[nph].f, m, tok);
+		ph[nph++].ns = strtoull(colon + 1, NULL, 10) * 1000000ull;
+	}
+	int cyc0 = has_first ? 1 : 0; /* the first phase that repeats */
+	uint64_t cyc_ns = 0;
+	for (int i = cyc0; i < nph; i++)
+		cyc_ns += ph[i].ns;
 	uint64_t bw = 0, tws = 0;
 	int marked = 0;
 	long n = 0;
@@ -716,13 +931,31 @@ static int cmd_launch(const char *api, double secs, double warm)
 		}
 		if (t >= te)
 			break;
+		if (t >= th)
+			f = heavy;
+		CUfunction fl = f;
+		if (nph > 0) {
+			uint64_t e = t - t0;
+			if (has_first && e < ph[0].ns)
+				fl = ph[0].f;
+			else if (cyc_ns > 0) {
+				e = (e - (has_first ? ph[0].ns : 0)) % cyc_ns;
+				for (int i = cyc0; i < nph; e -= ph[i].ns, i++)
+					if (e < ph[i].ns) {
+						fl = ph[i].f;
+						break;
+					}
+			}
+		}
 		int rc;
 		if (!strcmp(api, "kernel"))
-			rc = A.p_cuLaunchKernel(f, 100, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL);
+			rc = A.p_cuLaunchKernel(fl, 100, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL);
 		else if (!strcmp(api, "ex"))
-			rc = A.p_cuLaunchKernelEx(&cfg, f, NULL, NULL);
+			rc = A.p_cuLaunchKernelEx(&cfg, fl, NULL, NULL);
+		else if (!strcmp(api, "grid")) /* review 15: the legacy launch API */
+			rc = A.p_cuFuncSetBlockShape(fl, 128, 1, 1) ?: A.p_cuLaunchGridAsync(fl, 100, 1, NULL);
 		else if (!strcmp(api, "coop"))
-			rc = A.p_cuLaunchCooperativeKernel(f, 100, 1, 1, 128, 1, 1, 0, NULL, NULL);
+			rc = A.p_cuLaunchCooperativeKernel(fl, 100, 1, 1, 128, 1, 1, 0, NULL, NULL);
 		else
 			rc = A.p_cuGraphLaunch(ge, NULL);
 		if (rc)
@@ -812,12 +1045,18 @@ int main(int argc, char **argv)
 		return cmd_poolhold(a, atoi(argv[4]));
 	if (!strcmp(c, "threads") && argc > 5)
 		return cmd_threads(atoi(argv[3]), atol(argv[4]), strtoull(argv[5], NULL, 10));
+	if (!strcmp(c, "ctxloop") && argc > 4)
+		return cmd_ctxloop(atoi(argv[3]), strtoull(argv[4], NULL, 10));
 	if (!strcmp(c, "ctxgone"))
 		return cmd_ctxgone(a);
 	if (!strcmp(c, "pooldead"))
 		return cmd_pooldead(a);
 	if (!strcmp(c, "ctxlimit"))
 		return cmd_ctxlimit(a);
+	if (!strcmp(c, "freeasync") && argc > 4)
+		return cmd_freeasync(a, atol(argv[4]));
+	if (!strcmp(c, "streamdev"))
+		return cmd_streamdev(a);
 	if (!strcmp(c, "poolsync"))
 		return cmd_poolsync(a);
 	if (!strcmp(c, "hostpool"))
@@ -834,12 +1073,19 @@ int main(int argc, char **argv)
 		return cmd_fork(a);
 	if (!strcmp(c, "query"))
 		return cmd_query(a);
-	if (!strcmp(c, "hold"))
+	if (!strcmp(c, "hold")) {
+		if (argc > 4 && atoi(argv[4]) > 0 && atoi(argv[4]) < MAXH)
+			hold_max = atoi(argv[4]);
 		return cmd_hold(a);
+	}
 	if (!strcmp(c, "churn"))
 		return cmd_churn(a);
 	if (!strcmp(c, "grab"))
 		return cmd_grab(a);
+	if (!strcmp(c, "twoctx") && argc > 3)
+		return cmd_twoctx(atof(argv[3]));
+	if (!strcmp(c, "onekernel") && argc > 3)
+		return cmd_onekernel(argv[3]);
 	if (!strcmp(c, "launch") && argc > 5)
 		return cmd_launch(argv[3], atof(argv[4]), atof(argv[5]));
 	if (!strcmp(c, "bench-alloc") && argc > 4)

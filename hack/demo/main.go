@@ -1,11 +1,14 @@
 // Command demo runs gpupack on an embedded control plane (real
-// kube-apiserver, etcd, Kueue, kube-scheduler, kwok fake GPU nodes and the
-// Kubeflow training operator) and tells what happened, step by step.
-// Exit status 0 only if every step behaved as expected.
+// kube-apiserver, etcd, Kueue with its pod and deployment integrations,
+// kube-scheduler, kwok fake GPU nodes and the Kubeflow training operator)
+// and tells what happened, step by step. Exit status 0 only if every step
+// behaved as expected. With -keep (make demo KEEP=1) the cluster stays up
+// after the last part, for kubectl, until Ctrl-C.
 package main
 
 import (
 	"encoding/json"
+	"flag"
 	"fmt"
 	"os"
 	"strings"
@@ -29,6 +32,7 @@ import (
 	"github.com/gpupack/gpupack/preemption/ladder"
 	"github.com/gpupack/gpupack/test/framework"
 	"github.com/gpupack/gpupack/webhooks"
+	"github.com/gpupack/gpupack/webhooks/mutation"
 	"github.com/gpupack/gpupack/webhooks/placement"
 )
 
@@ -74,7 +78,18 @@ func expect(ok bool, format string, a ...any) {
 func step(format string, a ...any) { fmt.Printf("\n== "+format+"\n", a...) }
 func say(format string, a ...any)  { fmt.Printf("   "+format+"\n", a...) }
 
+// keep leaves the cluster up after the last part (make demo KEEP=1).
+var keep = flag.Bool("keep", os.Getenv("KEEP") != "" && os.Getenv("KEEP") != "0", "leave the embedded cluster running after the last part, until Ctrl-C (also KEEP=1)")
+
+// cluster is the demo's control plane; webhookConfig tells gpupack's
+// webhooks what its Kueue manages (the unmanaged-GPU policy).
+var (
+	cluster       = framework.Options{Scheduler: true, TrainingOperator: true, PodIntegration: true}
+	webhookConfig = webhooks.Config{Kueue: mutation.KueueConfig{Frameworks: cluster.KueueFrameworks()}}
+)
+
 func main() {
+	flag.Parse()
 	start := time.Now()
 	dir, _ := os.MkdirTemp("", "gpupack-demo-")
 	t := &demoTB{dir: dir}
@@ -83,7 +98,7 @@ func main() {
 	step("Starting an embedded control plane: kube-apiserver, etcd, Kueue, kube-scheduler, kwok, training-operator")
 	// Component logs are in files; keep the controllers' conflict retries off the screen.
 	os.Setenv("GPUPACK_QUIET", "1")
-	env := framework.Start(t, framework.Options{Scheduler: true, TrainingOperator: true})
+	env := framework.Start(t, cluster)
 	say("up in %.1fs (logs in %s)", time.Since(start).Seconds(), env.Dir)
 	for _, n := range []string{"gpu-node-a", "gpu-node-b"} {
 		env.CreateNode(t, framework.MakeNode(n).GPUs(4, framework.H100).Obj())
@@ -94,14 +109,21 @@ func main() {
 	seedWithGpupack(t, env)
 	fractional(t, env)
 	preemptWithCheckpoint(t, env)
+	colocation(t, env)
 
 	fmt.Printf("\nDemo finished in %.0fs.\n", time.Since(start).Seconds())
 	if len(failures) > 0 {
 		fmt.Printf("%d step(s) did not behave as expected:\n  - %s\n", len(failures), strings.Join(failures, "\n  - "))
+	} else {
+		fmt.Println("Every step behaved as expected.")
+	}
+	if *keep {
+		explore(t, env)
+	}
+	if len(failures) > 0 {
 		t.finish()
 		os.Exit(1)
 	}
-	fmt.Println("Every step behaved as expected.")
 }
 
 func twoJobs(env *framework.Env, ns, queue string) []*kftraining.PyTorchJob {
@@ -143,6 +165,24 @@ func deleteAll(env *framework.Env, ns string, jobs []*kftraining.PyTorchJob) {
 		_ = env.Client.List(env.Ctx, &pods, client.InNamespace(ns))
 		if len(pods.Items) == 0 {
 			return
+		}
+		// The in-pod stand-in keeps a pod until it has saved; a pod deleted
+		// with its job needs no checkpoint.
+		for i := range pods.Items {
+			p := &pods.Items[i]
+			if p.DeletionTimestamp == nil {
+				continue
+			}
+			var keep []string
+			for _, f := range p.Finalizers {
+				if f != containerAlive {
+					keep = append(keep, f)
+				}
+			}
+			if len(keep) != len(p.Finalizers) {
+				raw, _ := json.Marshal(map[string]any{"metadata": map[string]any{"finalizers": keep}})
+				_ = env.Client.Patch(env.Ctx, p, client.RawPatch(types.MergePatchType, raw))
+			}
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -244,12 +284,12 @@ func fractional(t *demoTB, env *framework.Env) {
 	step("2. Fractional GPUs: PyTorchJobs annotated gpupack.io/gpu-memory share GPUs, each pod pinned and limited")
 	opts := env.WebhookServer()
 	env.StartManager(t, func(mgr ctrl.Manager) error {
-		if err := webhooks.Setup(mgr, webhooks.Config{}); err != nil {
+		if err := webhooks.Setup(mgr, webhookConfig); err != nil {
 			return err
 		}
 		return placement.Setup(mgr)
 	}, opts)
-	serve, err := webhooks.DefaultServeOptions().WithFastPath(webhooks.Config{})
+	serve, err := webhooks.DefaultServeOptions().WithFastPath(webhookConfig)
 	if err != nil {
 		t.Fatalf("%v", err)
 	}
@@ -471,7 +511,8 @@ func preemptWithCheckpoint(t *demoTB, env *framework.Env) {
 		}
 	}()
 	say("a high-priority job needing the same 8 GPUs arrives; Kueue preempts pretrain")
-	env.MustCreate(t, framework.MakePyTorchJob("urgent", ns, "lq", 3, 2).PriorityClass("high").Obj())
+	urgent := framework.MakePyTorchJob("urgent", ns, "lq", 3, 2).PriorityClass("high").Obj()
+	env.MustCreate(t, urgent)
 	var st ladder.State
 	env.Eventually(t, 120*time.Second, "pretrain's preemption Done", func() (bool, string) {
 		wl, _ := env.WorkloadOf(ns, "pretrain", "PyTorchJob")
@@ -506,4 +547,5 @@ func preemptWithCheckpoint(t *demoTB, env *framework.Env) {
 	default:
 	}
 	expect(viol == "", "urgent got GPUs only after pretrain's pods were gone %s", viol)
+	deleteAll(env, ns, []*kftraining.PyTorchJob{low, urgent})
 }

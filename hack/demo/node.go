@@ -73,7 +73,22 @@ func nodeAnswer(t *demoTB, env *framework.Env, pods []corev1.Pod) {
 		ResourceName: v1alpha1.ResourceVGPU, SlotsPerGPU: 4, NodeName: node, PluginDir: pluginDir, SocketName: "gpupack-vgpu.sock",
 		HookDir: hookDir, MountPreload: true, CacheHostDir: cacheDir, LimitsDir: limitsDir, MemoryLimits: true,
 		Unplanned: deviceplugin.UnplannedReject, Client: env.Clientset,
-		Pods:  deviceplugin.PodListerFunc(func() ([]*corev1.Pod, error) { return lister.List(labels.Everything()) }),
+		// The kubelet admits one pod at a time, and the plugin serves only
+		// pods it has not admitted yet (no status.startTime): kwok has
+		// admitted them all, so the plugin is shown pods[0] as the kubelet
+		// sees a pod it is admitting, the others as they are.
+		Pods: deviceplugin.PodListerFunc(func() ([]*corev1.Pod, error) {
+			list, err := lister.List(labels.Everything())
+			out := make([]*corev1.Pod, 0, len(list))
+			for _, p := range list {
+				if p.UID == pods[0].UID {
+					p = p.DeepCopy()
+					p.Status = corev1.PodStatus{Phase: corev1.PodPending}
+				}
+				out = append(out, p)
+			}
+			return out, err
+		}),
 		Plans: plans,
 	})
 	p.SetGPUs(gpus)
@@ -84,9 +99,8 @@ func nodeAnswer(t *demoTB, env *framework.Env, pods []corev1.Pod) {
 	for len(kubelet.Devices(v1alpha1.ResourceVGPU)) != 4*len(gpus) && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
 	}
-	// The kubelet asks for the next GPU container to start on the node (kwok
-	// runs no containers, so none has started); the plugin steers it to the
-	// slots of the oldest waiting pod's plan and answers for that pod.
+	// The kubelet asks for the GPU container of the pod it admits; the
+	// plugin steers it to the slots of that pod's plan and answers for it.
 	r, ids, err := kubelet.Allocate(ctx, v1alpha1.ResourceVGPU, 1)
 	if err != nil {
 		expect(false, "the device plugin on %s answers the kubelet's Allocate: %v", node, err)

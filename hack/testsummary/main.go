@@ -7,9 +7,34 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"regexp"
 	"sort"
 	"strings"
 )
+
+// testLine is a line a test itself wrote (t.Log, t.Error, t.Fatal: file
+// and line of a _test.go), as opposed to the component logs it relays.
+var testLine = regexp.MustCompile(`^\s+[\w.-]+_test\.go:\d+: `)
+
+// recap is what a reader needs first when only the end of the output is
+// shown (CI shows its tail): per failed test, the lines the test wrote
+// itself, the last maxRecap of them, each cut to 300 characters.
+func recap(name, out string) string {
+	const maxRecap = 30
+	var lines []string
+	for _, l := range strings.Split(out, "\n") {
+		if testLine.MatchString(l) || strings.HasPrefix(l, "panic: ") || strings.Contains(l, "test timed out") {
+			if len(l) > 300 {
+				l = l[:300] + "…"
+			}
+			lines = append(lines, l)
+		}
+	}
+	if len(lines) > maxRecap {
+		lines = lines[len(lines)-maxRecap:]
+	}
+	return fmt.Sprintf("--- %s\n%s\n", name, strings.Join(lines, "\n"))
+}
 
 type event struct {
 	Action  string
@@ -79,6 +104,14 @@ func main() {
 	for _, k := range failedTests {
 		if b := outputs[k]; b != nil {
 			fmt.Printf("\n=== output of %s ===\n%s", k, b.String())
+		}
+	}
+	if len(failedTests) > 0 {
+		fmt.Printf("\n=== failures in short (the lines each failed test wrote itself; its full output is above) ===\n")
+		for _, k := range failedTests {
+			if b := outputs[k]; b != nil && !strings.HasSuffix(k, " ") {
+				fmt.Print(recap(k, b.String()))
+			}
 		}
 	}
 	fmt.Printf("\n%d passed, %d failed, %d skipped\n", passed, failed, skipped)

@@ -51,6 +51,10 @@ func Step(cfg Config, st State, obs Observation) Decision {
 					s.Ranks[p.key()] = capSteps(cfg, p.Steps)
 				}
 			}
+			if obs.Grace > 0 {
+				gd := now.Add(obs.Grace)
+				s.GraceDeadline = &gd
+			}
 			if len(s.Ranks) == 0 {
 				enter(PhaseTerminating)
 				continue
@@ -121,17 +125,36 @@ func Step(cfg Config, st State, obs Observation) Decision {
 					}
 					end = maxTime(ended, asked.Add(grace))
 				}
+				// The policy bounds it, whatever grace the pods ask: a
+				// tenant's terminationGracePeriodSeconds of an hour must
+				// not hold the GPUs for an hour after the deadline.
+				if s.GraceDeadline != nil && s.GraceDeadline.Before(end) {
+					end = *s.GraceDeadline
+				}
 				kd := end.Add(cfg.Slack)
 				s.KillDeadline = &kd
 			}
 			if now.Before(*s.KillDeadline) {
-				var left time.Duration
-				if _, ok := s.Since(PhaseCheckpointing); ok {
-					left = max(time.Second, s.KillDeadline.Add(-cfg.Slack).Sub(now).Round(time.Second))
-				}
+				end := s.KillDeadline.Add(-cfg.Slack)
+				_, asked := s.Since(PhaseCheckpointing)
+				bounded := asked || s.GraceDeadline != nil
 				for _, key := range slices.Sorted(maps.Keys(live)) {
-					if p := live[key]; !p.Terminating {
+					p := live[key]
+					switch {
+					case !p.Terminating:
+						var left time.Duration // 0: the pod's own grace
+						if bounded {
+							left = graceUntil(now, end)
+						}
 						d.Actions = append(d.Actions, Action{Kind: Delete, Pod: p.Name, UID: p.UID, Grace: left})
+					case bounded && p.DeletionGrace > 0 && p.DeletedAt.Add(p.DeletionGrace).After(end.Add(time.Second)):
+						// Deleted by someone else (the job controller
+						// stopping a suspended job) with the pod's own,
+						// longer grace: shorten it. The API server counts
+						// the new grace from the first deletion.
+						if g := graceUntil(p.DeletedAt, end); g < p.DeletionGrace {
+							d.Actions = append(d.Actions, Action{Kind: Delete, Pod: p.Name, UID: p.UID, Grace: g})
+						}
 					}
 				}
 				d.RequeueAfter = s.KillDeadline.Sub(now)
@@ -188,6 +211,14 @@ func (p Pod) key() string {
 		return p.UID
 	}
 	return p.Name
+}
+
+// graceUntil is the grace, counted from from, that ends at end: whole
+// seconds rounded down (never past the bound), at least one second (zero
+// would be a force delete, which frees the object before the kubelet has
+// stopped the containers, and so before their GPUs are free).
+func graceUntil(from, end time.Time) time.Duration {
+	return max(time.Second, end.Sub(from).Truncate(time.Second))
 }
 
 func maxTime(a, b time.Time) time.Time {
@@ -282,6 +313,10 @@ func clone(s State) State {
 	if s.KillDeadline != nil {
 		t := *s.KillDeadline
 		c.KillDeadline = &t
+	}
+	if s.GraceDeadline != nil {
+		t := *s.GraceDeadline
+		c.GraceDeadline = &t
 	}
 	if s.LastConsistentStep != nil {
 		v := *s.LastConsistentStep

@@ -46,6 +46,13 @@ type State struct {
 	// CheckpointDeadline ends Checkpointing; KillDeadline ends Terminating.
 	CheckpointDeadline *time.Time `json:"checkpointDeadline,omitempty"`
 	KillDeadline       *time.Time `json:"killDeadline,omitempty"`
+	// GraceDeadline is when the victim's pods must be gone by the cluster
+	// policy: the eviction + the policy's grace (checkpoint timeout +
+	// margin; for an opted-in victim the checkpoint deadline + margin).
+	// Graceful deletes never ask for a grace ending later, whatever the
+	// pods' own terminationGracePeriodSeconds. Absent in records of older
+	// managers (then the pods' own grace counts, as before).
+	GraceDeadline *time.Time `json:"graceDeadline,omitempty"`
 	// Ranks are the opted-in pods present at the eviction, by pod UID,
 	// with the verified steps each reported (newest first, capped). They
 	// outlive the pods, so the consistent step can be computed after they
@@ -96,6 +103,12 @@ type Pod struct {
 	Reported bool
 	// Grace is the pod's termination grace period.
 	Grace time.Duration
+	// DeletedAt and DeletionGrace describe a terminating pod's deletion:
+	// when it was asked (deletionTimestamp − deletionGracePeriodSeconds)
+	// and the grace it was given. A later delete may only shorten that
+	// grace, and the API server counts the shorter one from DeletedAt.
+	DeletedAt     time.Time
+	DeletionGrace time.Duration
 	// Created is the pod's creation time (zero: unknown, taken as before
 	// the eviction). A pod created after the eviction began is the job
 	// controller's replacement: the preemption neither waits for it nor
@@ -119,6 +132,11 @@ type Observation struct {
 	// CheckpointTimeout is the job's gpupack.io/checkpoint-timeout (zero:
 	// Config.DefaultCheckpointTimeout).
 	CheckpointTimeout time.Duration
+	// Grace is the policy's bound on how long the victim's pods may hold
+	// their GPUs after the eviction (policy.Decision.Grace: the effective
+	// timeout + margin); it fixes State.GraceDeadline. Zero: no bound but
+	// the pods' own grace. Read when the preemption starts.
+	Grace time.Duration
 	// Pods that still exist.
 	Pods []Pod
 }
@@ -157,7 +175,10 @@ type Action struct {
 	UID string
 	// Grace, for Delete, is the grace period to ask for (0: the pod's
 	// own). After a checkpoint request the pod's grace is already running
-	// in its agent, so the delete asks only for what is left of it.
+	// in its agent, so the delete asks only for what is left of it, and
+	// never past State.GraceDeadline. For a pod already terminating with
+	// a longer grace it is the shorter grace counted from that deletion
+	// (the API server's rule), ending at the bound.
 	Grace time.Duration
 }
 

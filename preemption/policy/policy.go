@@ -10,6 +10,16 @@
 // The tenant may ask for less, never more. The coordinator, the eviction
 // webhook and (through the deadline written next to the checkpoint
 // request) the in-pod agent all apply the same figure.
+//
+// How long a victim holds its GPUs follows from it:
+//
+//	grace = effective + Margin
+//
+// the pod webhook caps a GPU pod's terminationGracePeriodSeconds at
+// MaxGrace of its class (the longest grace any request of that class can
+// get), and the coordinator deletes a victim's pods asking no more than
+// what is left of grace counted from the eviction, whatever the pod's own
+// grace says.
 package policy
 
 import (
@@ -28,6 +38,10 @@ const (
 	// DefaultMax caps any victim no priority-class or ClusterQueue entry
 	// names.
 	DefaultMax = 5 * time.Minute
+	// DefaultMargin is how long after the checkpoint deadline a victim's
+	// pods get to leave (flush, interpreter finalization) before their
+	// grace ends.
+	DefaultMargin = 30 * time.Second
 )
 
 // AnnotationCheckpointDeadline is written by the coordinator (and the
@@ -50,6 +64,9 @@ type Policy struct {
 	// MaxByClusterQueue caps victims admitted by a ClusterQueue. When both
 	// a priority-class and a ClusterQueue entry match, the smaller wins.
 	MaxByClusterQueue map[string]time.Duration `json:"maxByClusterQueue,omitempty"`
+	// Margin is added to the effective timeout for the pods' grace
+	// (0: DefaultMargin).
+	Margin time.Duration `json:"margin,omitempty"`
 }
 
 // Victim is what the policy needs to know of a victim.
@@ -75,6 +92,9 @@ type Decision struct {
 	Timeout time.Duration
 	Cap     time.Duration
 	Source  Source
+	// Grace is Timeout + the margin: the longest the victim's pods may
+	// hold their GPUs after the eviction.
+	Grace time.Duration
 }
 
 // Effective applies the rule.
@@ -85,9 +105,67 @@ func (p Policy) Effective(v Victim) Decision {
 		want, src = v.Requested, SourceTenant
 	}
 	if want > c {
-		return Decision{Timeout: c, Cap: c, Source: SourceCap}
+		want, src = c, SourceCap
 	}
-	return Decision{Timeout: want, Cap: c, Source: src}
+	return Decision{Timeout: want, Cap: c, Source: src, Grace: want + p.margin()}
+}
+
+// MaxGrace is the longest termination grace a pod of this priority class
+// and ClusterQueue may have: its cap plus the margin (what the pod webhook
+// allows; the coordinator's delete asks for Effective's Grace).
+func (p Policy) MaxGrace(priorityClass, clusterQueue string) time.Duration {
+	return p.Cap(priorityClass, clusterQueue) + p.margin()
+}
+
+// LongestGrace is MaxGrace for a pod whose class is unknown: the longest cap
+// plus the margin.
+func (p Policy) LongestGrace() time.Duration { return p.Longest() + p.margin() }
+
+// CapOfClass is the longest cap a victim of priorityClass can get in any
+// ClusterQueue: for a component that knows the class but not the queue
+// (the pod webhook at a pod's creation). A class entry is only ever
+// lowered by a queue entry; without one, the largest of Max and the queue
+// entries.
+func (p Policy) CapOfClass(priorityClass string) time.Duration {
+	if d, ok := p.MaxByPriorityClass[priorityClass]; ok && priorityClass != "" && d > 0 {
+		return d
+	}
+	c := p.max()
+	for _, d := range p.MaxByClusterQueue {
+		c = max(c, d)
+	}
+	return c
+}
+
+// Shortest is the smallest cap any victim can get: for a pod whose job (and
+// so its class) the pod webhook cannot tell, which must not pick the
+// longest.
+func (p Policy) Shortest() time.Duration {
+	s := p.max()
+	for _, m := range []map[string]time.Duration{p.MaxByPriorityClass, p.MaxByClusterQueue} {
+		for _, d := range m {
+			if d > 0 {
+				s = min(s, d)
+			}
+		}
+	}
+	return s
+}
+
+// ShortestGrace is Shortest plus the margin.
+func (p Policy) ShortestGrace() time.Duration { return p.Shortest() + p.margin() }
+
+// MaxGraceOfClass is CapOfClass plus the margin: the longest termination
+// grace the pod webhook lets a GPU pod of that class keep.
+func (p Policy) MaxGraceOfClass(priorityClass string) time.Duration {
+	return p.CapOfClass(priorityClass) + p.margin()
+}
+
+func (p Policy) margin() time.Duration {
+	if p.Margin > 0 {
+		return p.Margin
+	}
+	return DefaultMargin
 }
 
 // Cap is the longest any victim of this priority class and ClusterQueue
@@ -135,8 +213,8 @@ func (p Policy) max() time.Duration {
 
 // Validate rejects negative or zero entries.
 func (p Policy) Validate() error {
-	if p.Default < 0 || p.Max < 0 {
-		return fmt.Errorf("checkpoint policy: default and max must be positive")
+	if p.Default < 0 || p.Max < 0 || p.Margin < 0 {
+		return fmt.Errorf("checkpoint policy: default, max and margin must be positive")
 	}
 	for _, m := range []map[string]time.Duration{p.MaxByPriorityClass, p.MaxByClusterQueue} {
 		for k, d := range m {

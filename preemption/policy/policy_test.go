@@ -15,21 +15,36 @@ func TestEffective(t *testing.T) {
 		v    Victim
 		want Decision
 	}{
-		{"no annotation: the default", Victim{}, Decision{5 * time.Minute, 5 * time.Minute, SourceDefault}},
-		{"tenant asks less", Victim{Requested: time.Minute}, Decision{time.Minute, 5 * time.Minute, SourceTenant}},
+		{"no annotation: the default", Victim{}, Decision{5 * time.Minute, 5 * time.Minute, SourceDefault, 5*time.Minute + DefaultMargin}},
+		{"tenant asks less", Victim{Requested: time.Minute}, Decision{time.Minute, 5 * time.Minute, SourceTenant, time.Minute + DefaultMargin}},
 		// The promise: a tenant's longer annotation never wins over the cap.
-		{"tenant asks more than the global cap", Victim{Requested: 2 * time.Hour}, Decision{5 * time.Minute, 5 * time.Minute, SourceCap}},
-		{"priority class cap below the default", Victim{PriorityClass: "batch-low"}, Decision{2 * time.Minute, 2 * time.Minute, SourceCap}},
-		{"priority class cap above: tenant may use it", Victim{PriorityClass: "research", Requested: 20 * time.Minute}, Decision{20 * time.Minute, 30 * time.Minute, SourceTenant}},
-		{"priority class cap above, tenant asks more", Victim{PriorityClass: "research", Requested: time.Hour}, Decision{30 * time.Minute, 30 * time.Minute, SourceCap}},
-		{"class and queue: the smaller wins", Victim{PriorityClass: "research", ClusterQueue: "shared", Requested: time.Hour}, Decision{10 * time.Minute, 10 * time.Minute, SourceCap}},
-		{"queue only", Victim{ClusterQueue: "shared", Requested: 8 * time.Minute}, Decision{8 * time.Minute, 10 * time.Minute, SourceTenant}},
-		{"unknown names fall back to Max", Victim{PriorityClass: "x", ClusterQueue: "y", Requested: time.Hour}, Decision{5 * time.Minute, 5 * time.Minute, SourceCap}},
+		{"tenant asks more than the global cap", Victim{Requested: 2 * time.Hour}, Decision{5 * time.Minute, 5 * time.Minute, SourceCap, 5*time.Minute + DefaultMargin}},
+		{"priority class cap below the default", Victim{PriorityClass: "batch-low"}, Decision{2 * time.Minute, 2 * time.Minute, SourceCap, 2*time.Minute + DefaultMargin}},
+		{"priority class cap above: tenant may use it", Victim{PriorityClass: "research", Requested: 20 * time.Minute}, Decision{20 * time.Minute, 30 * time.Minute, SourceTenant, 20*time.Minute + DefaultMargin}},
+		{"priority class cap above, tenant asks more", Victim{PriorityClass: "research", Requested: time.Hour}, Decision{30 * time.Minute, 30 * time.Minute, SourceCap, 30*time.Minute + DefaultMargin}},
+		{"class and queue: the smaller wins", Victim{PriorityClass: "research", ClusterQueue: "shared", Requested: time.Hour}, Decision{10 * time.Minute, 10 * time.Minute, SourceCap, 10*time.Minute + DefaultMargin}},
+		{"queue only", Victim{ClusterQueue: "shared", Requested: 8 * time.Minute}, Decision{8 * time.Minute, 10 * time.Minute, SourceTenant, 8*time.Minute + DefaultMargin}},
+		{"unknown names fall back to Max", Victim{PriorityClass: "x", ClusterQueue: "y", Requested: time.Hour}, Decision{5 * time.Minute, 5 * time.Minute, SourceCap, 5*time.Minute + DefaultMargin}},
 	}
 	for _, tc := range cases {
 		if got := p.Effective(tc.v); got != tc.want {
 			t.Errorf("%s: %+v, want %+v", tc.name, got, tc.want)
 		}
+	}
+	if got := p.MaxGrace("batch-low", ""); got != 2*time.Minute+DefaultMargin {
+		t.Errorf("MaxGrace(batch-low) %v, want the class cap + the margin", got)
+	}
+	if got := (Policy{Margin: 10 * time.Second}).Effective(Victim{Requested: time.Hour}).Grace; got != 5*time.Minute+10*time.Second {
+		t.Errorf("grace of a capped victim %v, want cap + margin", got)
+	}
+	if got := p.CapOfClass("batch-low"); got != 2*time.Minute {
+		t.Errorf("CapOfClass(batch-low) %v, want its entry", got)
+	}
+	if got := p.CapOfClass("x"); got != 10*time.Minute {
+		t.Errorf("CapOfClass of an unnamed class %v, want the largest of Max and the queue entries (10m)", got)
+	}
+	if got := p.LongestGrace(); got != 30*time.Minute+DefaultMargin {
+		t.Errorf("LongestGrace %v", got)
 	}
 	if got := p.Longest(); got != 30*time.Minute {
 		t.Errorf("Longest %v, want 30m", got)
@@ -50,7 +65,10 @@ func TestEffectiveNeverExceeds(t *testing.T) {
 		for _, cq := range []string{"", "q", "z"} {
 			for _, req := range []time.Duration{0, time.Second, time.Minute, 2 * time.Minute, time.Hour, 100 * time.Hour} {
 				d := p.Effective(Victim{PriorityClass: pc, ClusterQueue: cq, Requested: req})
-				if d.Timeout <= 0 || d.Timeout > d.Cap || d.Cap != p.Cap(pc, cq) || (req > 0 && d.Timeout > req) || d.Cap > p.Longest() {
+				if c := p.CapOfClass(pc); d.Cap > c || p.MaxGraceOfClass(pc) != c+DefaultMargin {
+					t.Errorf("pc=%q cq=%q: cap %v above the class's cap over every queue %v", pc, cq, d.Cap, c)
+				}
+				if d.Timeout <= 0 || d.Timeout > d.Cap || d.Cap != p.Cap(pc, cq) || (req > 0 && d.Timeout > req) || d.Cap > p.Longest() || d.Grace != d.Timeout+DefaultMargin || d.Grace > p.MaxGrace(pc, cq) {
 					t.Errorf("pc=%q cq=%q req=%v: %+v", pc, cq, req, d)
 				}
 			}
@@ -113,4 +131,20 @@ func FuzzParseCaps(f *testing.F) {
 			t.Fatalf("%q: parsed caps do not validate", s)
 		}
 	})
+}
+
+// Shortest is the smallest cap of Max and every entry (for a pod whose class
+// cannot be told): never the longest.
+func TestShortest(t *testing.T) {
+	p := Policy{Max: 5 * time.Minute, MaxByPriorityClass: map[string]time.Duration{"low": time.Minute, "research": 30 * time.Minute},
+		MaxByClusterQueue: map[string]time.Duration{"big": 10 * time.Minute}, Margin: 15 * time.Second}
+	if got := p.Shortest(); got != time.Minute {
+		t.Errorf("Shortest = %s, want 1m", got)
+	}
+	if got := p.ShortestGrace(); got != time.Minute+15*time.Second {
+		t.Errorf("ShortestGrace = %s, want 1m15s", got)
+	}
+	if got := (Policy{}).Shortest(); got != DefaultMax {
+		t.Errorf("zero policy Shortest = %s, want %s", got, DefaultMax)
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"math/big"
@@ -36,9 +37,20 @@ func (e *Env) startKueue(t TB, opts Options) {
 	if opts.WaitForPodsReady {
 		waitForPodsReady = "waitForPodsReady:\n  enable: true\n  timeout: 30s\n  blockAdmission: false\n"
 	}
-	jobSetFramework := ""
-	if opts.JobSet {
-		jobSetFramework = "  - jobset.x-k8s.io/jobset\n"
+	frameworks := ""
+	for _, f := range opts.KueueFrameworks() {
+		frameworks += "  - " + f + "\n"
+	}
+	clientConnection := ""
+	if opts.KueueClientQPS > 0 {
+		clientConnection = fmt.Sprintf("clientConnection:\n  qps: %g\n  burst: %d\n", opts.KueueClientQPS, max(opts.KueueClientBurst, 1))
+	}
+	if sel := opts.KueueManagedJobsNamespaceSelector; sel != nil {
+		raw, err := json.Marshal(sel)
+		if err != nil {
+			t.Fatalf("managedJobsNamespaceSelector: %v", err)
+		}
+		clientConnection += "managedJobsNamespaceSelector: " + string(raw) + "\n" // JSON is YAML
 	}
 	cfg := fmt.Sprintf(`apiVersion: config.kueue.x-k8s.io/v1beta2
 kind: Configuration
@@ -55,11 +67,9 @@ leaderElection:
   leaderElect: false
 internalCertManagement:
   enable: false
-%sintegrations:
+%s%sintegrations:
   frameworks:
-  - batch/job
-  - kubeflow.org/pytorchjob
-%s`, wh.LocalServingHost, wh.LocalServingPort, wh.LocalServingCertDir, waitForPodsReady, jobSetFramework)
+%s`, wh.LocalServingHost, wh.LocalServingPort, wh.LocalServingCertDir, clientConnection, waitForPodsReady, frameworks)
 	cfgPath := filepath.Join(e.Dir, "kueue-config.yaml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		t.Fatalf("%v", err)
@@ -69,7 +79,7 @@ internalCertManagement:
 		gates += "," + opts.KueueFeatureGates
 	}
 	p := e.StartProcess(t, "kueue", filepath.Join(ToolsDir(), "kueue"),
-		"--config="+cfgPath, "--kubeconfig="+e.Kubeconfig, "--feature-gates="+gates, "--zap-log-level=2")
+		"--config="+cfgPath, "--kubeconfig="+e.userKubeconfig(t, UserKueue), "--feature-gates="+gates, "--zap-log-level=2")
 	// Kueue is ready when its webhooks answer: a dry-run create goes
 	// through its ResourceFlavor mutating webhook.
 	deadline := time.Now().Add(60 * time.Second)
@@ -89,20 +99,33 @@ internalCertManagement:
 	}
 }
 
-func (e *Env) startScheduling(t TB) {
+func (e *Env) startScheduling(t TB, opts Options) {
 	t.Helper()
 	tools := ToolsDir()
+	controllers := "job-controller,garbage-collector-controller,node-lifecycle-controller,pod-garbage-collector-controller,taint-eviction-controller,replicaset-controller,deployment-controller"
+	if opts.LWSController {
+		controllers += ",statefulset-controller" // LWS makes StatefulSets
+	}
 	e.StartProcess(t, "kube-scheduler", filepath.Join(tools, "kube-scheduler"),
 		"--kubeconfig="+e.Kubeconfig, "--authentication-kubeconfig="+e.Kubeconfig,
 		"--authorization-kubeconfig="+e.Kubeconfig, "--secure-port=0", "--leader-elect=false", "--v=1")
 	e.StartProcess(t, "kube-controller-manager", filepath.Join(tools, "kube-controller-manager"),
 		"--kubeconfig="+e.userKubeconfig(t, UserKubeControllerManager), "--secure-port=0", "--leader-elect=false", "--v=1",
 		"--use-service-account-credentials=false",
-		"--controllers=job-controller,garbage-collector-controller,node-lifecycle-controller,pod-garbage-collector-controller,taint-eviction-controller,replicaset-controller",
+		"--controllers="+controllers,
 		"--node-monitor-grace-period=40s", "--concurrent-job-syncs=10", "--concurrent-gc-syncs=10")
 	stages, err := kwokStages()
 	if err != nil {
 		t.Fatalf("%v", err)
+	}
+	if opts.JobPodsKeepRunning {
+		keep := stages[:0]
+		for _, s := range stages {
+			if filepath.Base(s) != "pod-complete.yaml" {
+				keep = append(keep, s)
+			}
+		}
+		stages = keep
 	}
 	args := []string{"--kubeconfig=" + e.Kubeconfig,
 		"--manage-all-nodes=false",

@@ -24,6 +24,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -65,6 +66,9 @@ import (
 	jobset "sigs.k8s.io/jobset/api/jobset/v1alpha2"
 	lws "sigs.k8s.io/lws/api/leaderworkerset/v1"
 
+	mpi "github.com/kubeflow/mpi-operator/pkg/apis/kubeflow/v2beta1"
+	ray "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
+
 	gpupackv1alpha1 "github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
 )
 
@@ -77,6 +81,9 @@ type Options struct {
 	NoKueue bool
 	// KueueFeatureGates are extra --feature-gates for Kueue (k=v,…).
 	KueueFeatureGates string
+	// KueueManagedJobsNamespaceSelector, when set, is Kueue's
+	// managedJobsNamespaceSelector (default: Kueue's own).
+	KueueManagedJobsNamespaceSelector *metav1.LabelSelector
 	// TrainingOperator starts the Kubeflow training operator, which creates
 	// the pods of admitted PyTorchJobs.
 	TrainingOperator bool
@@ -87,6 +94,81 @@ type Options struct {
 	// webhooks). The JobSet and LeaderWorkerSet CRDs are always installed;
 	// without a controller or a Kueue integration they are inert.
 	JobSet bool
+	// OperatorCRDs installs the CRDs of KubeRay (RayJob, RayCluster), the
+	// MPI operator (MPIJob) and Kubeflow Trainer (TrainJob, TrainingRuntime,
+	// ClusterTrainingRuntime), inert without their controllers. Off by
+	// default: they are large (slow to install on a busy box), and the other
+	// suites run on a cluster without them.
+	OperatorCRDs bool
+	// RayMPI enables Kueue's ray.io/rayjob, ray.io/raycluster and
+	// kubeflow.org/mpijob integrations (and their webhooks), with
+	// OperatorCRDs. No KubeRay or MPI operator runs.
+	RayMPI bool
+	// PodIntegration enables Kueue's pod and deployment integrations (and
+	// their webhooks): plain pods and Deployments with a queue-name label
+	// are gated by Kueue, and the podSetUpdates of their admission reach
+	// them by an update (docs/security.md, finding 5). Off by default: every
+	// pod creation then goes through Kueue's pod webhook as well.
+	PodIntegration bool
+	// KueueClientQPS / KueueClientBurst raise Kueue's client limits (its
+	// clientConnection; 0: Kueue's defaults, qps 20 / burst 30), as a
+	// throughput benchmark must: at the defaults Kueue alone admits ~4/s.
+	KueueClientQPS   float32
+	KueueClientBurst int32
+	// JobSetController starts the real JobSet controller (and its JobSet
+	// webhooks); built only when named: hack/build-tools.sh jobset.
+	JobSetController bool
+	// LWS enables Kueue's leaderworkerset.x-k8s.io/leaderworkerset
+	// integration (with the pod integration it needs, for pods with a
+	// queue name or an LWS owner only) and its webhooks.
+	LWS bool
+	// LWSController starts the real LeaderWorkerSet controller (and its
+	// webhooks); built only when named: hack/build-tools.sh lws.
+	LWSController bool
+	// MPIOperator starts the real MPI operator (with RayMPI); built only
+	// when named: hack/build-tools.sh mpi-operator.
+	MPIOperator bool
+	// KubeRay starts KubeRay's real operator (with RayMPI); built only
+	// when named: hack/build-tools.sh kuberay.
+	KubeRay bool
+	// JobPodsKeepRunning leaves out kwok's pod-complete stage: Job pods
+	// (a JobSet's trainers) run until deleted instead of succeeding at once.
+	JobPodsKeepRunning bool
+	// TrainJob enables Kueue's trainer.kubeflow.org/trainjob integration
+	// (and its webhooks), with OperatorCRDs (Trainer's CRDs).
+	TrainJob bool
+	// TrainerController starts the real Kubeflow Trainer v2 controller
+	// manager (TrainJob → JobSet) and its webhooks; built only when named:
+	// hack/build-tools.sh trainer. Needs JobSetController for pods.
+	TrainerController bool
+}
+
+// KueueFrameworks is the integrations.frameworks list the test Kueue runs
+// with these options. gpupack's webhook configuration (kueue.frameworks,
+// the unmanaged-GPU policy) must say the same as the cluster's Kueue: tests
+// pass this list to it.
+func (o Options) KueueFrameworks() []string {
+	fw := []string{"batch/job", "kubeflow.org/pytorchjob"}
+	if o.JobSet {
+		fw = append(fw, "jobset.x-k8s.io/jobset")
+	}
+	if o.LWS {
+		// Kueue's LWS integration runs on its pod integration (pod groups).
+		fw = append(fw, "leaderworkerset.x-k8s.io/leaderworkerset")
+	}
+	if o.LWS || o.PodIntegration {
+		fw = append(fw, "pod")
+	}
+	if o.RayMPI {
+		fw = append(fw, "ray.io/rayjob", "ray.io/raycluster", "kubeflow.org/mpijob")
+	}
+	if o.PodIntegration {
+		fw = append(fw, "deployment")
+	}
+	if o.TrainJob {
+		fw = append(fw, "trainer.kubeflow.org/trainjob")
+	}
+	return fw
 }
 
 // Env is a running control plane.
@@ -119,6 +201,8 @@ func NewScheme() *runtime.Scheme {
 	utilruntime.Must(volcanotopology.AddToScheme(s))
 	utilruntime.Must(jobset.AddToScheme(s))
 	utilruntime.Must(lws.AddToScheme(s))
+	utilruntime.Must(mpi.AddToScheme(s))
+	utilruntime.Must(ray.AddToScheme(s))
 	return s
 }
 
@@ -182,13 +266,13 @@ func Start(t TB, opts Options) *Env {
 	e := &Env{Ctx: ctx, cancel: cancel, Dir: dir, Scheme: NewScheme()}
 	t.Cleanup(func() { e.stop(t) })
 
-	crds, err := crdPaths()
+	crds, err := crdPaths(opts.OperatorCRDs || opts.RayMPI || opts.TrainJob || opts.TrainerController)
 	if err != nil {
 		t.Fatalf("%v", err)
 	}
 	wh := envtest.WebhookInstallOptions{}
 	if !opts.NoKueue {
-		m, v, err := kueueWebhooks(opts.JobSet)
+		m, v, err := kueueWebhooks(opts.JobSet, opts.RayMPI, opts.PodIntegration, opts.LWS, opts.TrainJob)
 		if err != nil {
 			t.Fatalf("%v", err)
 		}
@@ -196,7 +280,9 @@ func Start(t TB, opts Options) *Env {
 	}
 	e.testEnv = &envtest.Environment{
 		BinaryAssetsDirectory: ToolsDir(),
-		CRDInstallOptions:     envtest.CRDInstallOptions{Paths: crds, ErrorIfPathMissing: true, Scheme: e.Scheme},
+		// The operators' CRDs (OperatorCRDs) are large; on a busy 2-core
+		// box they take longer than envtest's default 10 s to appear.
+		CRDInstallOptions:     envtest.CRDInstallOptions{Paths: crds, ErrorIfPathMissing: true, Scheme: e.Scheme, MaxTime: time.Minute},
 		WebhookInstallOptions: wh,
 		Scheme:                e.Scheme,
 	}
@@ -236,11 +322,26 @@ func Start(t TB, opts Options) *Env {
 		e.startKueue(t, opts)
 	}
 	if opts.Scheduler {
-		e.startScheduling(t)
+		e.startScheduling(t, opts)
 		e.scheduling = true
 	}
 	if opts.TrainingOperator {
 		e.startTrainingOperator(t)
+	}
+	if opts.JobSetController {
+		e.startJobSetController(t)
+	}
+	if opts.LWSController {
+		e.startLWSController(t)
+	}
+	if opts.TrainerController {
+		e.startTrainerController(t)
+	}
+	if opts.MPIOperator {
+		e.startMPIOperator(t)
+	}
+	if opts.KubeRay {
+		e.startKubeRay(t)
 	}
 	return e
 }
@@ -255,7 +356,7 @@ func zapLevel() zapcore.Level {
 	return 2 // errors only: component logs go to files
 }
 
-func crdPaths() ([]string, error) {
+func crdPaths(operators bool) ([]string, error) {
 	kueueDir, err := moduleDir("sigs.k8s.io/kueue")
 	if err != nil {
 		return nil, err
@@ -273,17 +374,63 @@ func crdPaths() ([]string, error) {
 		return nil, err
 	}
 	root := RepoRoot()
-	return []string{
+	var ops []string
+	if operators {
+		rayDir, err := moduleDir("github.com/ray-project/kuberay/ray-operator")
+		if err != nil {
+			return nil, err
+		}
+		mpiDir, err := moduleDir("github.com/kubeflow/mpi-operator")
+		if err != nil {
+			return nil, err
+		}
+		trainerDir, err := downloadedModuleDir(TrainerModule)
+		if err != nil {
+			return nil, err
+		}
+		trainerCRDs := filepath.Join(trainerDir, "manifests", "base", "crds")
+		ops = []string{
+			filepath.Join(rayDir, "config", "crd", "bases", "ray.io_rayjobs.yaml"),
+			filepath.Join(rayDir, "config", "crd", "bases", "ray.io_rayclusters.yaml"),
+			filepath.Join(mpiDir, "manifests", "base", "kubeflow.org_mpijobs.yaml"),
+			filepath.Join(trainerCRDs, "trainer.kubeflow.org_trainjobs.yaml"),
+			filepath.Join(trainerCRDs, "trainer.kubeflow.org_trainingruntimes.yaml"),
+			filepath.Join(trainerCRDs, "trainer.kubeflow.org_clustertrainingruntimes.yaml"),
+		}
+	}
+	return append([]string{
 		filepath.Join(jsDir, "config", "components", "crd", "bases", "jobset.x-k8s.io_jobsets.yaml"),
 		filepath.Join(lwsDir, "config", "crd", "bases", "leaderworkerset.x-k8s.io_leaderworkersets.yaml"),
 		filepath.Join(kueueDir, "config", "components", "crd", "bases"),
 		filepath.Join(kfDir, "manifests", "base", "crds", "kubeflow.org_pytorchjobs.yaml"),
 		filepath.Join(root, "test", "framework", "crds", "volcano"),
 		filepath.Join(root, "manifests", "base", "crds"),
-	}, nil
+	}, ops...), nil
 }
 
 var modDirs sync.Map
+
+// TrainerModule is Kubeflow Trainer at the release Kueue v0.17.0 requires.
+// It is not in gpupack's build list (its API package does not compile
+// against k8s.io/api v0.37: webhooks/mutation/trainerapi), so its CRDs come
+// from the module cache (go mod download), not from go list.
+const TrainerModule = "github.com/kubeflow/trainer/v2@v2.2.0"
+
+// downloadedModuleDir is moduleDir for a module@version outside the build list.
+func downloadedModuleDir(modVersion string) (string, error) {
+	if d, ok := modDirs.Load(modVersion); ok {
+		return d.(string), nil
+	}
+	cmd := exec.Command("go", "mod", "download", "-json", modVersion)
+	cmd.Dir = RepoRoot()
+	out, err := cmd.Output()
+	var m struct{ Dir string }
+	if err != nil || json.Unmarshal(out, &m) != nil || m.Dir == "" {
+		return "", fmt.Errorf("downloading module %s: %v %s", modVersion, err, out)
+	}
+	modDirs.Store(modVersion, m.Dir)
+	return m.Dir, nil
+}
 
 // moduleDir finds a module of gpupack's build list in the module cache.
 func moduleDir(mod string) (string, error) {
@@ -305,7 +452,7 @@ func moduleDir(mod string) (string, error) {
 // webhooks of the integrations the test Kueue serves (batch/job, PyTorchJob)
 // and of Kueue's own types: a webhook for a kind nobody serves would reject
 // every object of that kind (pods included).
-func kueueWebhooks(jobSet bool) ([]*admissionregistrationv1.MutatingWebhookConfiguration, []*admissionregistrationv1.ValidatingWebhookConfiguration, error) {
+func kueueWebhooks(jobSet, rayMPI, podIntegration, lws, trainJob bool) ([]*admissionregistrationv1.MutatingWebhookConfiguration, []*admissionregistrationv1.ValidatingWebhookConfiguration, error) {
 	dir, err := moduleDir("sigs.k8s.io/kueue")
 	if err != nil {
 		return nil, nil, err
@@ -321,6 +468,18 @@ func kueueWebhooks(jobSet bool) ([]*admissionregistrationv1.MutatingWebhookConfi
 		paths := []string{"-kueue-x-k8s-io-", "-batch-v1-job", "-kubeflow-org-v1-pytorchjob"}
 		if jobSet {
 			paths = append(paths, "-jobset-x-k8s-io-")
+		}
+		if rayMPI {
+			paths = append(paths, "-ray-io-v1-rayjob", "-ray-io-v1-raycluster", "-kubeflow-org-v2beta1-mpijob")
+		}
+		if podIntegration {
+			paths = append(paths, "--v1-pod", "-apps-v1-deployment")
+		}
+		if lws {
+			paths = append(paths, "-leaderworkerset-x-k8s-io-", "--v1-pod")
+		}
+		if trainJob {
+			paths = append(paths, "-trainer-kubeflow-org-v1alpha1-trainjob")
 		}
 		for _, p := range paths {
 			if strings.Contains(*path, p) {
@@ -505,12 +664,21 @@ type Process struct {
 // under env.Dir. It is stopped at cleanup.
 func (e *Env) StartProcess(t TB, name, bin string, args ...string) *Process {
 	t.Helper()
+	return e.startProcessEnv(t, name, bin, nil, args...)
+}
+
+// startProcessEnv is StartProcess with extra environment (KEY=value).
+func (e *Env) startProcessEnv(t TB, name, bin string, env []string, args ...string) *Process {
+	t.Helper()
 	logPath := filepath.Join(e.Dir, name+".log")
 	f, err := os.Create(logPath)
 	if err != nil {
 		t.Fatalf("%v", err)
 	}
 	cmd := exec.Command(bin, args...)
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
@@ -570,6 +738,10 @@ func (p *Process) Tail(n int) string {
 const (
 	UserKubeControllerManager = "system:kube-controller-manager"
 	UserTrainingOperator      = "system:serviceaccount:kubeflow:training-operator"
+	// UserKueue is Kueue's controller manager: it writes the podSetUpdates
+	// of an admission into the pods of its pod integration, which policy
+	// gpupack-placement lets only this account do.
+	UserKueue = "system:serviceaccount:kueue-system:kueue-controller-manager"
 )
 
 // UserConfig returns a client config authenticated as name (a client

@@ -19,6 +19,10 @@ func TestMain_JobKindExamples(t *testing.T) {
 		{"jobset-fractional", []string{`gpupack.io/gpu-memory: "20480"`, `gpupack.io/gpu-cores: "30"`, "gpupack.io/injected: "}},
 		{"lws-inference", []string{`gpupack.io/gpu-memory: "30720"`, "gpupack.io/injected: "}},
 		{"deployment-inference", []string{`gpupack.io/gpu-memory: "17976"`, `gpupack.io/vgpu: "1"`}},
+		{"trainjob-fractional", []string{`gpupack.io/gpu-memory: "20480"`, "gpupack.io/injected: ", "kind: TrainJob"}},
+		{"rayjob-fractional", []string{`gpupack.io/gpu-memory: "16384"`, `gpupack.io/gpu-cores: "50"`, "gpupack.io/injected: "}},
+		{"raycluster-fractional", []string{`gpupack.io/gpu-memory: "6144"`, "gpupack.io/injected: "}},
+		{"mpijob-fractional", []string{`gpupack.io/gpu-memory: "10240"`, "gpupack.io/injected: "}},
 	} {
 		t.Run(tc.example, func(t *testing.T) {
 			code, stdout, stderr := run(t, "", "-f", filepath.Join("..", "..", "manifests", "examples", tc.example+".yaml"))
@@ -61,5 +65,18 @@ func TestMain_JobKindExamples(t *testing.T) {
 	}
 	if code, _, stderr := run(t, "apiVersion: apps/v1\nkind: Deployment\nspec:\n  bogus: 1\n", "-f", "-"); code != ExitUsage || !strings.Contains(stderr, "bogus") {
 		t.Errorf("unknown field: %d %s", code, stderr)
+	}
+	// A TrainJob's own request converts its resourcesPerNode; without a GPU
+	// there it is refused, naming where to put it.
+	tj := "apiVersion: trainer.kubeflow.org/v1alpha1\nkind: TrainJob\nmetadata:\n  name: t\n  annotations:\n    gpupack.io/gpu-memory: 20Gi\nspec:\n  runtimeRef:\n    name: torch-distributed\n" +
+		"  trainer:\n    resourcesPerNode:\n      limits:\n        nvidia.com/gpu: 2\n"
+	if code, stdout, stderr := run(t, tj, "-f", "-"); code != ExitOK || !strings.Contains(stdout, `gpupack.io/gpu-memory: "40960"`) || strings.Contains(stdout, "nvidia.com/gpu: ") {
+		t.Errorf("TrainJob: exit %d, %s\n%s", code, stderr, stdout)
+	}
+	if code, _, stderr := run(t, strings.Replace(tj, "nvidia.com/gpu: 2", "cpu: 2", 1), "-f", "-"); code != ExitDenied || !strings.Contains(stderr, "trainer.resourcesPerNode asks for no nvidia.com/gpu") {
+		t.Errorf("TrainJob without a GPU: exit %d, %s", code, stderr)
+	}
+	if code, _, stderr := run(t, "apiVersion: ray.io/v1\nkind: RayJob\nmetadata:\n  name: r\n  annotations:\n    nvidia.com/use-gputype: A100\nspec:\n  rayClusterSpec:\n    headGroupSpec:\n      template:\n        spec:\n          containers:\n          - name: h\n            resources:\n              limits:\n                nvidia.com/gpu: 1\n", "-f", "-"); code != ExitDenied || !strings.Contains(stderr, "rayClusterSpec.headGroupSpec.template: annotation nvidia.com/use-gputype") {
+		t.Errorf("RayJob with HAMi's type selection: exit %d, %s", code, stderr)
 	}
 }

@@ -21,6 +21,7 @@ import (
 	kftraining "github.com/kubeflow/training-operator/pkg/apis/kubeflow.org/v1"
 
 	"github.com/gpupack/gpupack/webhooks/mutation"
+	trainer "github.com/gpupack/gpupack/webhooks/mutation/trainerapi/v1alpha1"
 )
 
 // Exit codes.
@@ -40,8 +41,9 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "usage: gpupack mutate -f FILE.yaml [--config CONFIG.yaml]\n\n"+
 			"Prints the objects as gpupack's webhooks would admit them (exit 0), or the\n"+
 			"denial (exit 1). Warnings go to stderr. Handles Pod, batch/v1 Job,\n"+
-			"kubeflow.org/v1 PyTorchJob, JobSet, LeaderWorkerSet, Deployment and\n"+
-			"StatefulSet; other kinds are printed unchanged.\n\n")
+			"kubeflow.org/v1 PyTorchJob, JobSet, LeaderWorkerSet, Deployment,\n"+
+			"StatefulSet, TrainJob, TrainingRuntime, ClusterTrainingRuntime, RayJob,\n"+
+			"RayCluster and MPIJob; other kinds are printed unchanged.\n\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -139,7 +141,7 @@ func mutateDocument(m *mutation.Mutator, doc []byte) (string, []string, error) {
 		if err := yaml.UnmarshalStrict(doc, p); err != nil {
 			return "", nil, &badInput{err}
 		}
-		if warn, err = m.Pod(p, mutation.PodContext{}); err == nil {
+		if warn, err = m.AdmitPod(p, mutation.PodContext{}); err == nil {
 			err = m.ValidatePod(p)
 		}
 		obj = p
@@ -159,6 +161,15 @@ func mutateDocument(m *mutation.Mutator, doc []byte) (string, []string, error) {
 		}
 		if warn, err = m.PyTorchJob(j); err == nil {
 			err = m.ValidatePyTorchJob(j)
+		}
+		obj = j
+	case isTrainJob(tm): // kinds.go
+		j := &trainer.TrainJob{}
+		if err := yaml.UnmarshalStrict(doc, j); err != nil {
+			return "", nil, &badInput{err}
+		}
+		if warn, err = m.TrainJob(j); err == nil {
+			err = m.ValidateTrainJob(j)
 		}
 		obj = j
 	case jobKindObject(tm) != nil: // kinds.go

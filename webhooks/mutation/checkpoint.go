@@ -1,6 +1,8 @@
 package mutation
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"regexp"
 	"strconv"
@@ -8,9 +10,13 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	kueueconstants "sigs.k8s.io/kueue/pkg/controller/constants"
 
 	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
 	"github.com/gpupack/gpupack/checkpoint/agent"
+	"github.com/gpupack/gpupack/checkpoint/manifest"
+	"github.com/gpupack/gpupack/preemption/policy"
 	"github.com/gpupack/gpupack/webhooks/gpureq"
 )
 
@@ -93,20 +99,24 @@ func wrapTargets(cs []corev1.Container, reqs []gpureq.Request) []int {
 
 // wrapCheckpoint delivers gpupack-ckpt through an init container and runs
 // the target containers under it.
-func (m *Mutator) wrapCheckpoint(p *corev1.Pod, reqs []gpureq.Request) error {
+func (m *Mutator) wrapCheckpoint(p *corev1.Pod, reqs []gpureq.Request, pc PodContext) error {
 	t := corev1.PodTemplateSpec{ObjectMeta: p.ObjectMeta, Spec: p.Spec}
 	s, err := m.checkpointSettings("pod", &t)
 	if err != nil {
 		return err
 	}
-	need := int64((s.timeout + m.cfg.Checkpoint.Margin.Duration + time.Second - 1) / time.Second)
+	// The policy of the pod's job's priority class bounds both: the
+	// agent's timeout and the pod's grace (timeout + margin at least, the
+	// class's cap + margin at most), so the grace the agent counts with is
+	// the one the kubelet and the coordinator use.
+	capd, maxGrace, _ := m.podCap(pc)
+	s.timeout = min(s.timeout, capd)
+	need := ceilSeconds(s.timeout + m.cfg.Checkpoint.Margin.Duration)
 	grace := int64(corev1.DefaultTerminationGracePeriodSeconds)
 	if p.Spec.TerminationGracePeriodSeconds != nil {
 		grace = *p.Spec.TerminationGracePeriodSeconds
 	}
-	if grace < need {
-		grace = need
-	}
+	grace = min(max(grace, need), ceilSeconds(maxGrace))
 	p.Spec.TerminationGracePeriodSeconds = &grace
 
 	for _, i := range wrapTargets(p.Spec.Containers, reqs) {
@@ -149,6 +159,126 @@ func (m *Mutator) wrapCheckpoint(p *corev1.Pod, reqs []gpureq.Request) error {
 	}}, p.Spec.InitContainers...)
 	return nil
 }
+
+// ckptPolicy is the cluster's checkpoint policy as the pod webhook applies
+// it: the manager's, with this configuration's margin; without one (tests,
+// gpupack mutate) MaxTimeout caps every class.
+func (m *Mutator) ckptPolicy() policy.Policy {
+	p := m.cfg.Checkpoint.Policy
+	if p.Max <= 0 {
+		p.Max = m.cfg.Checkpoint.MaxTimeout.Duration
+	}
+	p.Margin = m.cfg.Checkpoint.Margin.Duration
+	return p
+}
+
+// PodPriorityClass is the class Kueue gives an object's Workload from its
+// metadata: Kueue's workload priority-class label, else priorityClassName.
+// The pod webhook applies it to the pod's top job (or to the pod itself
+// only where the pod is the job: Kueue's pod integration).
+func PodPriorityClass(p *corev1.Pod) string {
+	return PriorityClassOf(p.Labels, p.Spec.PriorityClassName)
+}
+
+// PriorityClassOf is PodPriorityClass for a job's labels and its pods'
+// priorityClassName.
+func PriorityClassOf(labels map[string]string, priorityClassName string) string {
+	if pc := labels[kueueconstants.WorkloadPriorityClassLabel]; pc != "" {
+		return pc
+	}
+	return priorityClassName
+}
+
+// podCap is the longest checkpoint time the policy lets the pod's class
+// take, the longest grace that gives (cap + margin), and the class as
+// messages name it. The pod's ClusterQueue is not
+// known here, so a known class gets its longest over every queue
+// (policy.CapOfClass; the coordinator applies the exact one at eviction);
+// an unknown one the shortest cap of any (policy.Shortest).
+func (m *Mutator) podCap(pc PodContext) (capd, grace time.Duration, class string) {
+	pol := m.ckptPolicy()
+	if !pc.ClassKnown {
+		return pol.Shortest(), pol.ShortestGrace(), "unknown (the pod's job could not be told)"
+	}
+	return pol.CapOfClass(pc.Class), pol.MaxGraceOfClass(pc.Class), strconv.Quote(pc.Class)
+}
+
+// capGrace caps a GPU pod's terminationGracePeriodSeconds at what the
+// policy lets its priority class hold GPUs after an eviction (the cap +
+// margin): a tenant's hour of grace would otherwise keep a preempted
+// pod's GPUs for an hour.
+func (m *Mutator) capGrace(p *corev1.Pod, pc PodContext) []string {
+	_, maxGrace, class := m.podCap(pc)
+	limit := ceilSeconds(maxGrace)
+	g := p.Spec.TerminationGracePeriodSeconds
+	if g == nil || *g <= limit {
+		return nil
+	}
+	w := fmt.Sprintf("terminationGracePeriodSeconds %d is longer than the cluster's checkpoint policy allows a GPU pod of priority class %s; set to %d", *g, class, limit)
+	p.Spec.TerminationGracePeriodSeconds = &limit
+	return []string{w}
+}
+
+// legacyEnvJobUID is the variable issue 16 first shipped (the job's UID):
+// stripped like GPUPACK_JOB_ID, so a tenant's copy never stands either.
+const legacyEnvJobUID = "GPUPACK_JOB_UID"
+
+// JobID is the job identity GPUPACK_JOB_ID carries:
+// <namespace>:<Kind>.<group>:<name> of the top of the pod's controller
+// chain (a core-group kind has no ".<group>"). It names the job across
+// delete-and-reapply, unlike its UID, and no tenant can name another
+// namespace's job with it. An identity longer than a manifest id allows
+// (manifest.MaxRunIDLen; names may be 253 characters) is
+// "sha256-<hex of it>".
+func JobID(namespace string, gk schema.GroupKind, name string) string {
+	if namespace == "" || gk.Kind == "" || name == "" {
+		return ""
+	}
+	id := namespace + ":" + gk.Kind
+	if gk.Group != "" {
+		id += "." + gk.Group
+	}
+	id += ":" + name
+	if manifest.ValidateRunID(id) != nil {
+		sum := sha256.Sum256([]byte(id))
+		id = "sha256-" + hex.EncodeToString(sum[:])
+	}
+	return id
+}
+
+// setJobID sets GPUPACK_JOB_ID on every container of every pod to its
+// job's identity (JobID; the helper writes it into each manifest, and the
+// helper and the agent ignore another job's ranks in a shared directory).
+// Any tenant entry of it, or of the legacy GPUPACK_JOB_UID, is removed
+// first: a tenant's value never stands, since it could name another job.
+// Where the job is not known a container that reads envFrom gets an
+// explicit empty entry, which wins over a ConfigMap's or Secret's value.
+// Not only checkpointing pods: a job using the helper without the agent
+// writes manifests too.
+func setJobID(p *corev1.Pod, id string) {
+	for i := range p.Spec.Containers {
+		c := &p.Spec.Containers[i]
+		// (An env entry wins over a tenant's envFrom.)
+		want := id != "" || len(c.EnvFrom) > 0
+		var env []corev1.EnvVar
+		for _, e := range c.Env {
+			switch {
+			case e.Name == agent.EnvJobID && want:
+				// In place, so that mutating a mutated pod (ValidatePod)
+				// changes nothing.
+				env, want = append(env, corev1.EnvVar{Name: agent.EnvJobID, Value: id}), false
+			case e.Name != agent.EnvJobID && e.Name != legacyEnvJobUID:
+				env = append(env, e)
+			}
+		}
+		if want {
+			env = append(env, corev1.EnvVar{Name: agent.EnvJobID, Value: id})
+		}
+		c.Env = env
+	}
+}
+
+func ceilSeconds(d time.Duration) int64 { return int64((d + time.Second - 1) / time.Second) }
 
 func addMount(c *corev1.Container, vm corev1.VolumeMount) {
 	c.VolumeMounts = upsert(c.VolumeMounts, vm, func(x corev1.VolumeMount) bool { return x.MountPath == vm.MountPath })

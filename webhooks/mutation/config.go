@@ -8,8 +8,10 @@ package mutation
 import (
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
@@ -86,7 +88,98 @@ type Config struct {
 	GPUModels []GPUModel `json:"gpuModels,omitempty"`
 	// Checkpoint configures the opt-in checkpoint wrapping.
 	Checkpoint CheckpointConfig `json:"checkpoint,omitempty"`
+	// UnmanagedGPUs says what happens to pods and jobs that ask for GPUs
+	// but that Kueue will not manage (no quota, no plan).
+	UnmanagedGPUs UnmanagedGPUsConfig `json:"unmanagedGPUs,omitempty"`
+	// Kueue mirrors the settings of Kueue's own Configuration that decide
+	// what Kueue manages. Keep them equal to Kueue's.
+	Kueue KueueConfig `json:"kueue,omitempty"`
 }
+
+// Policies for GPU objects Kueue will not manage.
+const (
+	// UnmanagedDeny refuses them, except in namespaces labelled
+	// NamespaceLabelUnmanagedGPUs=allow. Default.
+	UnmanagedDeny = "Deny"
+	// UnmanagedAllow admits them (the device plugin serves whole GPUs no
+	// plan covers from free GPUs and records them on the pod).
+	UnmanagedAllow = "Allow"
+)
+
+// NamespaceLabelUnmanagedGPUs, set to "allow" on a namespace, lets its
+// pods and jobs use whole GPUs outside Kueue under UnmanagedDeny.
+const NamespaceLabelUnmanagedGPUs = "gpupack.io/unmanaged-gpus"
+
+// UnmanagedGPUsConfig configures the unmanaged-GPU policy.
+type UnmanagedGPUsConfig struct {
+	// Policy: Deny (default) or Allow.
+	Policy string `json:"policy,omitempty"`
+	// OwnerControllers are the users that create objects for an owner:
+	// the Job controller a Job's pods, the JobSet controller a JobSet's
+	// Jobs, the Trainer a TrainJob's JobSet, the training operator, the
+	// MPI operator, KubeRay and the LWS controller theirs. A GPU object
+	// with a controlling owner counts as managed through that owner only
+	// when one of them (or a member of system:masters) created it: a
+	// tenant's own pod whose controller reference names its queued,
+	// suspended Job would otherwise run with whole GPUs outside every
+	// quota (Kueue never gates a Job's pods). Default:
+	// DefaultOwnerControllers. Add your controllers' accounts if they
+	// run elsewhere.
+	OwnerControllers []string `json:"ownerControllers,omitempty"`
+}
+
+// DefaultOwnerControllers are the accounts the controllers of Kueue's job
+// integrations run as in their own installs (kube-controller-manager with
+// and without --use-service-account-credentials).
+var DefaultOwnerControllers = []string{
+	"system:kube-controller-manager",
+	"system:serviceaccount:kube-system:job-controller",
+	"system:serviceaccount:kube-system:replicaset-controller",
+	"system:serviceaccount:kube-system:statefulset-controller",
+	"system:serviceaccount:kubeflow:training-operator",
+	"system:serviceaccount:mpi-operator:mpi-operator",
+	"system:serviceaccount:kubeflow:mpi-operator",
+	"system:serviceaccount:jobset-system:jobset-controller-manager",
+	"system:serviceaccount:lws-system:lws-controller-manager",
+	"system:serviceaccount:kubeflow-system:kubeflow-trainer-controller-manager",
+	"system:serviceaccount:ray-system:kuberay-operator",
+}
+
+// KueueConfig mirrors Kueue's Configuration.
+type KueueConfig struct {
+	// ManageJobsWithoutQueueName is Kueue's manageJobsWithoutQueueName:
+	// objects of the frameworks below are managed even without a
+	// kueue.x-k8s.io/queue-name label.
+	ManageJobsWithoutQueueName bool `json:"manageJobsWithoutQueueName,omitempty"`
+	// Frameworks is Kueue's integrations.frameworks ("batch/job",
+	// "kubeflow.org/pytorchjob", "jobset.x-k8s.io/jobset",
+	// "leaderworkerset.x-k8s.io/leaderworkerset", "pod", …). Default:
+	// batch/job and kubeflow.org/pytorchjob. A framework listed here that
+	// Kueue does not run lets its objects through unmanaged.
+	Frameworks []string `json:"frameworks,omitempty"`
+	// ManagedJobsNamespaceSelector is Kueue's managedJobsNamespaceSelector.
+	// Kueue v0.17 manages nothing in a namespace it does not select (its
+	// feature gate ManagedJobsNamespaceSelectorAlwaysRespected, on by
+	// default): a pod there is never gated, a Deployment's or
+	// StatefulSet's pods run at once, a job without a queue label runs
+	// even under manageJobsWithoutQueueName, and a queued job stays
+	// suspended. gpupack treats every GPU object in such a namespace as
+	// one Kueue will not manage (the unmanaged-GPU policy). Default,
+	// Kueue's own: every namespace but kube-system and Namespace. A
+	// selector on kubernetes.io/metadata.name alone (the apiserver sets
+	// it to the namespace's name) costs no read; any other label costs a
+	// read of the namespace per GPU object.
+	ManagedJobsNamespaceSelector *metav1.LabelSelector `json:"managedJobsNamespaceSelector,omitempty"`
+	// Namespace is the namespace Kueue runs in, for the default
+	// ManagedJobsNamespaceSelector. Default: kueue-system.
+	Namespace string `json:"namespace,omitempty"`
+}
+
+// DefaultKueueNamespace is the namespace Kueue's manifests install it in.
+const DefaultKueueNamespace = "kueue-system"
+
+// DefaultKueueFrameworks are the frameworks assumed when none are configured.
+var DefaultKueueFrameworks = []string{"batch/job", "kubeflow.org/pytorchjob"}
 
 // HookConfig says where the node agent installs the hook library.
 type HookConfig struct {
@@ -137,6 +230,11 @@ type CheckpointConfig struct {
 	// victim again by its priority class and ClusterQueue, and the agent
 	// stops at the deadline written with the checkpoint request.
 	MaxTimeout metav1.Duration `json:"maxTimeout,omitempty"`
+	// Policy is the cluster's checkpoint policy (gpupack-manager's
+	// --checkpoint-timeout-* flags): the caps that bound a GPU pod's
+	// terminationGracePeriodSeconds (checkpoint.go). Zero: MaxTimeout is
+	// the only cap. Margin is this configuration's.
+	Policy policy.Policy `json:"-"`
 }
 
 // DefaultImage is the manager image the checkpoint agent is copied from.
@@ -178,6 +276,24 @@ func (c *Config) applyDefaults() {
 	if c.Resources == "" {
 		c.Resources = ResourcesGpupack
 	}
+	if c.UnmanagedGPUs.Policy == "" {
+		c.UnmanagedGPUs.Policy = UnmanagedDeny
+	}
+	if len(c.UnmanagedGPUs.OwnerControllers) == 0 {
+		c.UnmanagedGPUs.OwnerControllers = append([]string(nil), DefaultOwnerControllers...)
+	}
+	if len(c.Kueue.Frameworks) == 0 {
+		c.Kueue.Frameworks = append([]string(nil), DefaultKueueFrameworks...)
+	}
+	if c.Kueue.Namespace == "" {
+		c.Kueue.Namespace = DefaultKueueNamespace
+	}
+	if c.Kueue.ManagedJobsNamespaceSelector == nil {
+		// Kueue's default (apis/config/v1beta2/defaults.go).
+		c.Kueue.ManagedJobsNamespaceSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
+			Key: corev1.LabelMetadataName, Operator: metav1.LabelSelectorOpNotIn, Values: []string{"kube-system", c.Kueue.Namespace},
+		}}}
+	}
 	k := &c.Checkpoint
 	if k.Image == "" {
 		k.Image = DefaultImage
@@ -212,6 +328,19 @@ func (c Config) Validate() error {
 	case EnvPolicyStrip, EnvPolicyDeny:
 	default:
 		return fmt.Errorf("envPolicy %q: want %s or %s", c.EnvPolicy, EnvPolicyStrip, EnvPolicyDeny)
+	}
+	switch c.UnmanagedGPUs.Policy {
+	case UnmanagedDeny, UnmanagedAllow:
+	default:
+		return fmt.Errorf("unmanagedGPUs.policy %q: want %s or %s", c.UnmanagedGPUs.Policy, UnmanagedDeny, UnmanagedAllow)
+	}
+	for _, f := range c.Kueue.Frameworks {
+		if f == "" || strings.ContainsAny(f, " ,") {
+			return fmt.Errorf("kueue.frameworks: %q is not a framework name (like batch/job or pod)", f)
+		}
+	}
+	if _, err := metav1.LabelSelectorAsSelector(c.Kueue.ManagedJobsNamespaceSelector); err != nil {
+		return fmt.Errorf("kueue.managedJobsNamespaceSelector: %w", err)
 	}
 	if b := c.Buffer.DriverOverheadMiB; b != nil && *b < 0 {
 		return fmt.Errorf("buffer.driverOverheadMiB %d: want ≥ 0", *b)

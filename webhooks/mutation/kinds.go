@@ -1,7 +1,8 @@
 package mutation
 
 // Job kinds beyond batch Job and PyTorchJob: JobSet, LeaderWorkerSet and
-// apps/v1 Deployment / StatefulSet. Each is a list of pod templates
+// apps/v1 Deployment / StatefulSet (and, in kinds_operators.go, RayJob,
+// RayCluster, MPIJob and Trainer v2's kinds). Each is a list of pod templates
 // (Templates) and goes through the same per-template conversion as a
 // PyTorchJob replica (template + injectTemplate): job-level annotations as
 // defaults, HAMi names accepted, gpupack.io/* resources (or HAMi's, in hami
@@ -15,8 +16,12 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 
+	mpi "github.com/kubeflow/mpi-operator/pkg/apis/kubeflow/v2beta1"
+	ray "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
 	jobset "sigs.k8s.io/jobset/api/jobset/v1alpha2"
 	lws "sigs.k8s.io/lws/api/leaderworkerset/v1"
+
+	trainer "github.com/gpupack/gpupack/webhooks/mutation/trainerapi/v1alpha1"
 )
 
 // Template is one pod template of a job: Where names it in messages, Path is
@@ -193,7 +198,8 @@ func (m *Mutator) StatefulSet(s *appsv1.StatefulSet) ([]string, error) {
 }
 
 // KindTemplates returns the templates and annotations of an object of one of
-// the job kinds above (typed), or an error naming what it is.
+// the job kinds above or in kinds_operators.go (typed; a TrainJob has no pod
+// template: see Mutator.TrainJob), or an error naming what it is.
 func KindTemplates(obj any) (map[string]string, []Template, error) {
 	switch o := obj.(type) {
 	case *jobset.JobSet:
@@ -204,6 +210,16 @@ func KindTemplates(obj any) (map[string]string, []Template, error) {
 		return o.Annotations, DeploymentTemplates(o), nil
 	case *appsv1.StatefulSet:
 		return o.Annotations, StatefulSetTemplates(o), nil
+	case *ray.RayJob:
+		return o.Annotations, RayJobTemplates(o), nil
+	case *ray.RayCluster:
+		return o.Annotations, RayClusterTemplates(o), nil
+	case *mpi.MPIJob:
+		return o.Annotations, MPIJobTemplates(o), nil
+	case *trainer.TrainingRuntime:
+		return o.Annotations, TrainingRuntimeTemplates(o), nil
+	case *trainer.ClusterTrainingRuntime:
+		return o.Annotations, ClusterTrainingRuntimeTemplates(o), nil
 	}
 	return nil, nil, fmt.Errorf("%T is not a job kind gpupack converts", obj)
 }

@@ -66,6 +66,9 @@ func mutateKind(m *Mutator, obj any) ([]string, error) {
 	case *appsv1.StatefulSet:
 		return m.StatefulSet(o)
 	}
+	if w, err, ok := mutateOperatorKind(m, obj); ok {
+		return w, err
+	}
 	panic("unknown kind")
 }
 
@@ -156,6 +159,64 @@ func TestJobKindConversion(t *testing.T) {
 			obj:  makeDeployment(nil, template(nil, makeCtr("srv").gpus("8").obj())),
 			want: map[string]want{"pod template": {limits: rl(gpu, "8")}},
 		},
+		{
+			name: "RayCluster: CPU head untouched, worker groups by name, HAMi resources on one",
+			obj: makeRayCluster(nil, template(nil, makeCtr("ray-head").limit("cpu", "2").obj()),
+				rayGroup{"small", template(nil, makeCtr("ray-worker").gpus("1").limit(v1alpha1.AnnotationHAMiGPUMem, "3000").obj())},
+				rayGroup{"big", template(map[string]string{v1alpha1.AnnotationGPUMemory: "40Gi"}, makeCtr("ray-worker").gpus("2").obj())}),
+			want: map[string]want{
+				"headGroupSpec.template":           {limits: rl("cpu", "2")},
+				"workerGroupSpecs[small].template": {limits: rl(vgpu, "1", gmem, "3000")},
+				"workerGroupSpecs[big].template":   {limits: rl(vgpu, "2", gmem, "81920"), ann: map[string]string{v1alpha1.AnnotationGPUMemory: "40Gi"}},
+			},
+		},
+		{
+			name: "RayJob: its cluster's head and workers, and the submitter",
+			obj: makeRayJob(mem, &corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{makeCtr("submit").limit("cpu", "1").obj()}}},
+				template(nil, makeCtr("ray-head").gpus("1").obj()), rayGroup{"gpu", template(nil, makeCtr("ray-worker").gpus("4").obj())}),
+			want: map[string]want{
+				"rayClusterSpec.headGroupSpec.template":         {limits: rl(vgpu, "1", gmem, "20480"), ann: mem},
+				"rayClusterSpec.workerGroupSpecs[gpu].template": {limits: rl(vgpu, "4", gmem, "81920"), ann: mem},
+				"submitterPodTemplate":                          {limits: rl("cpu", "1")},
+			},
+		},
+		{
+			name: "RayJob on an existing cluster (clusterSelector): nothing to convert but the submitter",
+			obj: func() any {
+				j := makeRayJob(nil, &corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{makeCtr("submit").limit("cpu", "1").obj()}}}, corev1.PodTemplateSpec{})
+				j.Spec.RayClusterSpec = nil
+				return j
+			}(),
+			want: map[string]want{"submitterPodTemplate": {limits: rl("cpu", "1")}},
+		},
+		{
+			name: "MPIJob: launcher and workers",
+			obj: makeMPIJob(map[string]string{v1alpha1.AnnotationGPUMemory: "10Gi", v1alpha1.AnnotationGPUCores: "50"},
+				&corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{makeCtr("launcher").limit("cpu", "1").obj()}}},
+				template(nil, makeCtr("worker").gpus("2").obj())),
+			want: map[string]want{
+				"mpiReplicaSpecs[Launcher].template": {limits: rl("cpu", "1")},
+				"mpiReplicaSpecs[Worker].template":   {limits: rl(vgpu, "2", gmem, "20480", gcor, "100"), ann: map[string]string{v1alpha1.AnnotationGPUMemory: "10Gi", v1alpha1.AnnotationGPUCores: "50"}},
+			},
+		},
+		{
+			name: "TrainingRuntime: the runtime's, then the JobSet template's, then the replicated Job's annotations",
+			obj: makeTrainingRuntime(map[string]string{v1alpha1.AnnotationGPUMemory: "20Gi", v1alpha1.AnnotationGPUCores: "30"}, map[string]string{v1alpha1.AnnotationGPUCores: "50"},
+				rjob{name: "dataset-initializer", t: template(nil, makeCtr("dataset-initializer").limit("cpu", "1").obj())},
+				rjob{name: "node", t: template(nil, makeCtr("node").gpus("1").obj())},
+				rjob{name: "eval", ann: map[string]string{v1alpha1.AnnotationHAMiGPUMem: "4096"}, t: template(nil, makeCtr("node").gpus("1").obj())}),
+			want: map[string]want{
+				"template.spec.replicatedJobs[dataset-initializer].template": {limits: rl("cpu", "1")},
+				"template.spec.replicatedJobs[node].template":                {limits: rl(vgpu, "1", gmem, "20480", gcor, "50"), ann: map[string]string{v1alpha1.AnnotationGPUMemory: "20Gi", v1alpha1.AnnotationGPUCores: "50"}},
+				"template.spec.replicatedJobs[eval].template":                {limits: rl(vgpu, "1", gmem, "4096", gcor, "50"), ann: map[string]string{v1alpha1.AnnotationHAMiGPUMem: "4096", v1alpha1.AnnotationGPUCores: "50"}},
+			},
+		},
+		{
+			name: "ClusterTrainingRuntime in hami mode",
+			cfg:  Config{Resources: ResourcesHAMi},
+			obj:  makeClusterTrainingRuntime(mem, rjob{name: "node", t: template(nil, makeCtr("node").gpus("2").obj())}),
+			want: map[string]want{"template.spec.replicatedJobs[node].template": {limits: rl(gpu, "2", v1alpha1.AnnotationHAMiGPUMem, "20480"), ann: mem}},
+		},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -217,6 +278,9 @@ func deepCopyKind(obj any) any {
 	case *appsv1.StatefulSet:
 		return o.DeepCopy()
 	}
+	if o := deepCopyOperatorKind(obj); o != nil {
+		return o
+	}
 	panic("unknown kind")
 }
 
@@ -260,6 +324,32 @@ func TestJobKindDenials(t *testing.T) {
 		{"StatefulSet: tenant env under the Deny policy", // the env policy's denial reaches whoever applies it
 			makeStatefulSet(mem, template(nil, makeCtr("srv").gpus("1").env(v1alpha1.EnvLDPreload, "/evil.so").obj())),
 			[]string{"pod template", "LD_PRELOAD"}},
+		{"RayCluster: more memory than one GPU allows, in a worker group",
+			makeRayCluster(map[string]string{v1alpha1.AnnotationGPUMemory: "79Gi"}, template(nil, makeCtr("ray-head").limit("cpu", "1").obj()),
+				rayGroup{"gpu", onH100(template(nil, makeCtr("ray-worker").gpus("1").obj()))}),
+			[]string{"workerGroupSpecs[gpu].template", `container "ray-worker" asks for 80896 MiB`}},
+		{"RayJob: privileged GPU head",
+			makeRayJob(mem, nil, template(nil, makeCtr("ray-head").gpus("1").privileged().obj())),
+			[]string{"rayClusterSpec.headGroupSpec.template", "privileged"}},
+		{"RayJob: job-level request, no GPU anywhere",
+			makeRayJob(mem, nil, template(nil, makeCtr("ray-head").limit("cpu", "1").obj())),
+			[]string{"job: ", "no container asks for nvidia.com/gpu"}},
+		{"MPIJob: GPU in an init container",
+			makeMPIJob(nil, nil, func() corev1.PodTemplateSpec {
+				t := template(nil, makeCtr("worker").gpus("1").obj())
+				t.Spec.InitContainers = []corev1.Container{makeCtr("init").gpus("1").obj()}
+				return t
+			}()),
+			[]string{"mpiReplicaSpecs[Worker].template", "init"}},
+		{"MPIJob: tenant memory limit env under the Deny policy",
+			makeMPIJob(mem, nil, template(nil, makeCtr("worker").gpus("1").env(v1alpha1.EnvMemoryLimit+"_0", "80g").obj())),
+			[]string{"mpiReplicaSpecs[Worker].template", v1alpha1.EnvMemoryLimit}},
+		{"TrainingRuntime: cores without memory on the trainer",
+			makeTrainingRuntime(map[string]string{v1alpha1.AnnotationGPUCores: "30"}, nil, rjob{name: "node", t: template(nil, makeCtr("node").gpus("1").obj())}),
+			[]string{"template.spec.replicatedJobs[node].template", "without gpupack.io/gpu-memory"}},
+		{"ClusterTrainingRuntime: conflicting HAMi resources",
+			makeClusterTrainingRuntime(nil, rjob{name: "node", t: template(nil, makeCtr("node").gpus("1").limit(v1alpha1.AnnotationHAMiGPUMem, "3000").limit(v1alpha1.AnnotationHAMiGPUMemPercentage, "30").obj())}),
+			[]string{"template.spec.replicatedJobs[node].template", "conflict"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -296,6 +386,11 @@ func TestJobKindValidateUnconverted(t *testing.T) {
 		makeLWS(map[string]string{v1alpha1.AnnotationGPUMemory: "20Gi"}, nil, template(nil, makeCtr("w").gpus("1").obj())),
 		makeDeployment(map[string]string{v1alpha1.AnnotationGPUMemory: "20Gi"}, template(nil, makeCtr("w").gpus("1").obj())),
 		makeStatefulSet(map[string]string{v1alpha1.AnnotationGPUMemory: "20Gi"}, template(nil, makeCtr("w").gpus("1").obj())),
+		makeRayCluster(map[string]string{v1alpha1.AnnotationGPUMemory: "20Gi"}, template(nil, makeCtr("w").gpus("1").obj())),
+		makeRayJob(map[string]string{v1alpha1.AnnotationGPUMemory: "20Gi"}, nil, template(nil, makeCtr("w").gpus("1").obj())),
+		makeMPIJob(map[string]string{v1alpha1.AnnotationGPUMemory: "20Gi"}, &corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{makeCtr("w").gpus("1").obj()}}}, template(nil, makeCtr("w").gpus("1").obj())),
+		makeTrainingRuntime(map[string]string{v1alpha1.AnnotationGPUMemory: "20Gi"}, nil, rjob{name: "node", t: template(nil, makeCtr("w").gpus("1").obj())}),
+		makeClusterTrainingRuntime(map[string]string{v1alpha1.AnnotationGPUMemory: "20Gi"}, rjob{name: "node", t: template(nil, makeCtr("w").gpus("1").obj())}),
 	} {
 		_, ts, _ := KindTemplates(obj)
 		err := validateKind(m, obj)
@@ -316,6 +411,11 @@ func TestJobKindMarkedTemplatePodsAreFixedPoints(t *testing.T) {
 			makeLWS(mem, func() *corev1.PodTemplateSpec { t := onH100(template(nil, makeCtr("l").gpus("1").obj())); return &t }(), onH100(template(nil, makeCtr("w").gpus("1").obj()))),
 			makeDeployment(mem, onH100(template(map[string]string{v1alpha1.AnnotationPlan: "wl-plan"}, makeCtr("srv").gpus("1").obj()))),
 			makeStatefulSet(nil, template(nil, makeCtr("srv").gpus("8").obj())),
+			makeRayCluster(mem, onH100(template(nil, makeCtr("ray-head").gpus("1").obj())), rayGroup{"gpu", onH100(template(nil, makeCtr("ray-worker").gpus("2").env(v1alpha1.EnvSMLimit, "100").obj()))}),
+			makeRayJob(mem, nil, onH100(template(nil, makeCtr("ray-head").gpus("1").obj()))),
+			makeMPIJob(mem, nil, onH100(template(nil, makeCtr("worker").gpus("1").obj()))),
+			makeTrainingRuntime(mem, nil, rjob{name: "node", t: onH100(template(nil, makeCtr("node").gpus("1").obj()))}),
+			makeClusterTrainingRuntime(mem, rjob{name: "node", t: onH100(template(nil, makeCtr("node").gpus("1").obj()))}),
 		} {
 			if _, err := mutateKind(m, obj); err != nil {
 				t.Fatalf("%T: %v", obj, err)

@@ -14,12 +14,14 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 
 	kftraining "github.com/kubeflow/training-operator/pkg/apis/kubeflow.org/v1"
 
 	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
 	"github.com/gpupack/gpupack/flavors"
 	"github.com/gpupack/gpupack/webhooks/gpureq"
+	"github.com/gpupack/gpupack/webhooks/placement"
 )
 
 // Mutator applies one Config. It is safe for concurrent use.
@@ -27,6 +29,10 @@ type Mutator struct {
 	cfg         Config
 	buf         flavors.Buffer
 	fingerprint string
+	// Kueue's managedJobsNamespaceSelector, parsed; whether it reads a
+	// label besides kubernetes.io/metadata.name.
+	nsSelector            labels.Selector
+	nsSelectorNeedsLabels bool
 }
 
 // New fills cfg's defaults and validates it.
@@ -36,6 +42,8 @@ func New(cfg Config) (*Mutator, error) {
 		return nil, err
 	}
 	m := &Mutator{cfg: cfg, buf: cfg.buffer()}
+	m.nsSelector, _ = metav1.LabelSelectorAsSelector(cfg.Kueue.ManagedJobsNamespaceSelector) // validated
+	m.nsSelectorNeedsLabels = selectorReadsMoreThanTheName(cfg.Kueue.ManagedJobsNamespaceSelector)
 	m.fingerprint = m.computeFingerprint()
 	return m, nil
 }
@@ -47,6 +55,19 @@ func (m *Mutator) Config() Config { return m.cfg }
 type PodContext struct {
 	// ResumeStep is the owning job's gpupack.io/last-consistent-checkpoint.
 	ResumeStep string
+	// JobID names the job the pod belongs to (JobID of the top of its
+	// controller chain: namespace, kind and name, stable when the job is
+	// deleted and re-applied), "" when not known. Every container gets it
+	// as GPUPACK_JOB_ID (setJobID).
+	JobID string
+	// Class is the priority class the checkpoint policy keys the pod's
+	// grace on, when ClassKnown: Kueue's class for the pod's job (see
+	// webhooks' podMutator.priorityClass). Not known (gpupack mutate, a
+	// failed lookup, a pod no job owns): the shortest cap of any class or
+	// queue (policy.Shortest). The pod's own labels are the tenant's and
+	// never choose it here.
+	Class      string
+	ClassKnown bool
 }
 
 // tmpl is the outcome of mutating one pod template.
@@ -124,6 +145,9 @@ func hasAny(ann map[string]string, keys []string) bool {
 // are the job-level annotations (nil for a Pod).
 func (m *Mutator) template(where string, jobAnn map[string]string, t *corev1.PodTemplateSpec) (tmpl, error) {
 	var out tmpl
+	if err := refuseHAMiSelection(jobAnn, t.Annotations); err != nil { // hamiselect.go
+		return out, fmt.Errorf("%s: %w", where, err)
+	}
 	spec, err := gpureq.Effective(jobAnn, t.Annotations)
 	if err != nil {
 		return out, fmt.Errorf("%s: %w", where, err)
@@ -181,6 +205,7 @@ func (m *Mutator) template(where string, jobAnn map[string]string, t *corev1.Pod
 		if err := m.podSecurity(&t.Spec); err != nil {
 			return out, fmt.Errorf("%s: %w", where, err)
 		}
+		defaultSeccomp(&t.Spec)
 		// The placement is the ungater's to write (and a
 		// ValidatingAdmissionPolicy keeps it so after creation): a
 		// tenant's value would name GPUs and limits to the node.
@@ -364,11 +389,15 @@ func (m *Mutator) Pod(p *corev1.Pod, pc PodContext) ([]string, error) {
 	if err != nil {
 		return warn, err
 	}
+	if r.anyGPU {
+		warn = append(warn, m.capGrace(p, pc)...)
+	}
 	if p.Annotations[v1alpha1.AnnotationCheckpoint] == "true" {
-		if err := m.wrapCheckpoint(p, r.reqs); err != nil {
+		if err := m.wrapCheckpoint(p, r.reqs, pc); err != nil {
 			return warn, err
 		}
 	}
+	setJobID(p, pc.JobID)
 	step := pc.ResumeStep
 	if step == "" {
 		step = p.Annotations[v1alpha1.AnnotationLastConsistentCheckpoint]
@@ -382,10 +411,31 @@ func (m *Mutator) Pod(p *corev1.Pod, pc PodContext) ([]string, error) {
 			}
 		}
 	}
-	if _, ok := p.Annotations[v1alpha1.AnnotationPlan]; ok {
+	// A pod of Kueue's pod integration gets its plan later, by Kueue's
+	// update at admission: it needs the gate now (placement.KueuePodIntegration).
+	if _, ok := p.Annotations[v1alpha1.AnnotationPlan]; ok || placement.KueuePodIntegration(p) {
 		addGate(&p.Spec, v1alpha1.SchedulingGatePlacement)
 	}
 	return warn, nil
+}
+
+// AdmitPod is Pod plus the placement rule of admission (finding 1): a
+// fractional GPU pod (gpupack mode) always gets the gpupack.io/placement
+// gate, and one that has no gpupack.io/plan and can never get one is
+// denied. It is what the pod webhook stores, what `gpupack mutate` shows,
+// and what a job template's pods must be a fixed point of.
+func (m *Mutator) AdmitPod(p *corev1.Pod, pc PodContext) ([]string, error) {
+	warn, err := m.Pod(p, pc)
+	if err != nil {
+		return warn, err
+	}
+	anyFractional := false
+	for i := range p.Spec.Containers {
+		if req, err := gpureq.ContainerRequest(gpureq.Spec{}, &p.Spec.Containers[i]); err == nil {
+			anyFractional = anyFractional || req.Kind == gpureq.Fractional || req.Kind == gpureq.Converted
+		}
+	}
+	return warn, m.placementGate(p, anyFractional)
 }
 
 func addGate(s *corev1.PodSpec, name string) {
@@ -576,8 +626,10 @@ func (m *Mutator) Fingerprint() string { return m.fingerprint }
 
 // injectionVersion changes whenever the rules a pod must meet change
 // without changing the probe's mutation (2: every container covered, hook
-// delivered by the device plugin).
-const injectionVersion = "2"
+// delivered by the device plugin; 3: fractional pods always gated, denied
+// without a plan they can get; 4: seccomp RuntimeDefault set, Unconfined
+// denied; 5: terminationMessagePath checked like a mount).
+const injectionVersion = "5"
 
 func (m *Mutator) computeFingerprint() string {
 	h := sha256.New()

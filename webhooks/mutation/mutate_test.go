@@ -72,8 +72,10 @@ func TestWholeGPUStaysExclusive(t *testing.T) {
 	if _, err := m.Job(j); err != nil {
 		t.Fatal(err)
 	}
-	// Only marked: its pods need nothing more from the pod webhook.
+	// Only marked (its pods need nothing more from the pod webhook) and
+	// confined by seccomp.
 	orig.Spec.Template.Annotations = map[string]string{v1alpha1.AnnotationInjected: m.Fingerprint()}
+	orig.Spec.Template.Spec.SecurityContext = &corev1.PodSecurityContext{SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}}
 	if d := cmp.Diff(orig, j); d != "" {
 		t.Errorf("whole-GPU job changed (-want +got):\n%s", d)
 	}

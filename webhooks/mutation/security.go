@@ -164,9 +164,9 @@ func initContainersAskGPU(s *corev1.PodSpec) error {
 }
 
 // podSecurity refuses a GPU pod whose settings reach past its own GPUs:
-// host namespaces, and in any container privilege, capabilities beyond
-// Pod Security baseline, an unmasked /proc, or a mount over gpupack's
-// paths (gpupack mode).
+// host namespaces, seccomp Unconfined (seccomp.go), and in any container
+// privilege, capabilities beyond Pod Security baseline, an unmasked /proc,
+// or a mount over gpupack's paths (gpupack mode).
 func (m *Mutator) podSecurity(s *corev1.PodSpec) error {
 	if s.HostPID {
 		return fmt.Errorf("the pod asks for GPUs and sets hostPID; with the node's processes in view it could reach other tenants' GPU processes, so gpupack denies it")
@@ -180,10 +180,16 @@ func (m *Mutator) podSecurity(s *corev1.PodSpec) error {
 		// gate and the plan) could be handed a planned pod's GPUs and limits.
 		return fmt.Errorf("the pod asks for GPUs and sets spec.nodeName %q; GPU pods are placed by the scheduler after gpupack's plan, so remove nodeName (use a nodeSelector or node affinity)", s.NodeName)
 	}
+	if err := seccompError(s); err != nil {
+		return err
+	}
 	guarded := m.guardedPaths()
 	for _, kc := range allContainers(s) {
 		if why := securityContextError(kc.c.SecurityContext); why != "" {
 			return fmt.Errorf("%s %q %s; gpupack denies that in a pod that asks for GPUs", kc.kind, kc.c.Name, why)
+		}
+		if err := terminationMessageError(kc.kind, kc.c, m.terminationGuarded(guarded)); err != nil {
+			return err
 		}
 		for _, vm := range kc.c.VolumeMounts {
 			for _, g := range runtimeDevicePaths {
@@ -279,11 +285,43 @@ func (m *Mutator) legacyHookVolume(v corev1.Volume) bool {
 	return false
 }
 
+// terminationGuarded are the paths a container's terminationMessagePath
+// may not be at or under: gpupack's (guarded, gpupack mode), HAMi's hook
+// paths (hami mode), and the runtime's device-request paths (any mode).
+func (m *Mutator) terminationGuarded(guarded []string) []string {
+	out := append([]string(nil), runtimeDevicePaths...)
+	if m.cfg.hami() {
+		h := m.cfg.Hook
+		return append(out, etcPreload, path.Clean(h.MountPath))
+	}
+	return append(out, guarded...)
+}
+
+// terminationMessageError: the kubelet bind-mounts a host file read-write
+// at the container's terminationMessagePath, after every other mount
+// (device-plugin mounts included), so at /etc/ld.so.preload it would
+// replace the read-only preload with an empty writable file (no hook
+// loaded) — a mount like any other, checked like volume mounts (outside
+// review 2026-12-02, finding 4).
+func terminationMessageError(kind string, c *corev1.Container, guarded []string) error {
+	tp := c.TerminationMessagePath
+	if tp == "" {
+		return nil
+	}
+	for _, g := range guarded {
+		if under(tp, g) {
+			return fmt.Errorf("%s %q sets terminationMessagePath %s; the kubelet mounts that file over %s, where gpupack-node mounts the GPU hook, its limits or its accounting (or the runtime reads GPU requests); use the default /dev/termination-log", kind, c.Name, tp, g)
+		}
+	}
+	return nil
+}
+
 // ValidateEphemeralContainers checks a pod's ephemeral containers (the
 // pods/ephemeralcontainers subresource, `kubectl debug`): in a pod that
 // asks for GPUs none may be privileged, add capabilities beyond Pod
-// Security baseline, unmask /proc, mount gpupack's volumes or paths, or set
-// an environment key gpupack owns. They are denied rather than changed:
+// Security baseline, unmask /proc, run without a confining seccomp profile
+// (its own, else the pod's), mount gpupack's volumes or paths, or set an
+// environment key gpupack owns. They are denied rather than changed:
 // the subresource is written by a person at a terminal, who sees the
 // message.
 func (m *Mutator) ValidateEphemeralContainers(p *corev1.Pod) error {
@@ -295,6 +333,12 @@ func (m *Mutator) ValidateEphemeralContainers(p *corev1.Pod) error {
 		c := corev1.Container(p.Spec.EphemeralContainers[i].EphemeralContainerCommon)
 		if why := securityContextError(c.SecurityContext); why != "" {
 			return fmt.Errorf("ephemeral container %q %s; gpupack denies that in a pod that asks for GPUs", c.Name, why)
+		}
+		if err := ephemeralSeccompError(&p.Spec, &c); err != nil {
+			return err
+		}
+		if err := terminationMessageError("ephemeral container", &c, m.terminationGuarded(guarded)); err != nil {
+			return err
 		}
 		for _, vm := range c.VolumeMounts {
 			if ownedVolume(vm.Name) {

@@ -174,7 +174,9 @@ func TestEphemeralContainers(t *testing.T) {
 	m := mustNew(t, Config{})
 	yes := true
 	base := func() *corev1.Pod {
-		return makePod("p").ann(v1alpha1.AnnotationGPUMemory, "1000").ctr(makeCtr("gpu").limit(v1alpha1.ResourceVGPU, "1").limit(v1alpha1.ResourceGPUMemory, "1000").obj()).obj()
+		p := makePod("p").ann(v1alpha1.AnnotationGPUMemory, "1000").ctr(makeCtr("gpu").limit(v1alpha1.ResourceVGPU, "1").limit(v1alpha1.ResourceGPUMemory, "1000").obj()).obj()
+		defaultSeccomp(&p.Spec) // as the pod webhook stored it
+		return p
 	}
 	for _, tc := range []struct {
 		name string
@@ -186,6 +188,7 @@ func TestEphemeralContainers(t *testing.T) {
 		{"hook volume", corev1.EphemeralContainerCommon{Name: "dbg", VolumeMounts: []corev1.VolumeMount{{Name: VolumeSharedCache, MountPath: "/x"}}}, "reserved for gpupack"},
 		{"limits path", corev1.EphemeralContainerCommon{Name: "dbg", VolumeMounts: []corev1.VolumeMount{{Name: "data", MountPath: "/etc/gpupack"}}}, "at /etc/gpupack"},
 		{"owned env", corev1.EphemeralContainerCommon{Name: "dbg", Env: []corev1.EnvVar{{Name: v1alpha1.EnvDisableControl, Value: "1"}}}, "sets CUDA_DISABLE_CONTROL"},
+		{"seccomp Unconfined", corev1.EphemeralContainerCommon{Name: "dbg", SecurityContext: seccomp(corev1.SeccompProfileTypeUnconfined)}, `ephemeral container "dbg" sets securityContext.seccompProfile Unconfined`},
 	} {
 		p := base()
 		p.Spec.EphemeralContainers = []corev1.EphemeralContainer{{EphemeralContainerCommon: tc.ec}}
@@ -197,6 +200,18 @@ func TestEphemeralContainers(t *testing.T) {
 	p.Spec.EphemeralContainers = []corev1.EphemeralContainer{{EphemeralContainerCommon: corev1.EphemeralContainerCommon{Name: "dbg", Image: "busybox"}}}
 	if err := m.ValidateEphemeralContainers(p); err != nil {
 		t.Errorf("plain debug container: %v", err)
+	}
+	// A GPU pod stored before gpupack set its seccomp profile: a debug
+	// container without one of its own would run unconfined.
+	old := base()
+	old.Spec.SecurityContext = nil
+	old.Spec.EphemeralContainers = []corev1.EphemeralContainer{{EphemeralContainerCommon: corev1.EphemeralContainerCommon{Name: "dbg", Image: "busybox"}}}
+	if err := m.ValidateEphemeralContainers(old); err == nil || !strings.Contains(err.Error(), `ephemeral container "dbg" would run without a seccomp profile`) {
+		t.Errorf("debug container in an unconfined pod: err = %v", err)
+	}
+	old.Spec.EphemeralContainers[0].SecurityContext = seccomp(corev1.SeccompProfileTypeRuntimeDefault)
+	if err := m.ValidateEphemeralContainers(old); err != nil {
+		t.Errorf("confined debug container in an unconfined pod: %v", err)
 	}
 	cpu := makePod("p").ctr(makeCtr("cpu").obj()).obj()
 	cpu.Spec.EphemeralContainers = []corev1.EphemeralContainer{{EphemeralContainerCommon: corev1.EphemeralContainerCommon{Name: "dbg", SecurityContext: &corev1.SecurityContext{Privileged: &yes}}}}

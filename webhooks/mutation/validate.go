@@ -11,6 +11,7 @@ import (
 
 	kftraining "github.com/kubeflow/training-operator/pkg/apis/kubeflow.org/v1"
 
+	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
 	"github.com/gpupack/gpupack/webhooks/gpureq"
 )
 
@@ -20,9 +21,13 @@ import (
 // change it.
 
 // ValidatePod checks a Pod at creation.
-func (m *Mutator) ValidatePod(p *corev1.Pod) error {
+func (m *Mutator) ValidatePod(p *corev1.Pod) error { return m.ValidatePodIn(p, PodContext{}) }
+
+// ValidatePodIn is ValidatePod for a pod whose job the caller has looked
+// up (pc.JobID: the pod webhook sets GPUPACK_JOB_ID from it).
+func (m *Mutator) ValidatePodIn(p *corev1.Pod, pc PodContext) error {
 	cp := p.DeepCopy()
-	if _, err := m.Pod(cp, PodContext{}); err != nil {
+	if _, err := m.Pod(cp, PodContext{JobID: pc.JobID}); err != nil {
 		return err
 	}
 	return sameContainers("pod", p.Spec.Containers, cp.Spec.Containers)
@@ -110,12 +115,27 @@ func changed(a, b map[string]string) (string, bool) {
 
 // ValidatePodUpdate refuses edits of the request annotations on a pod: its
 // resources (and so its limits) cannot change any more.
+//
+// gpupack.io/checkpoint cannot change either: it decides whether the
+// coordinator counts the pod's disruptions (a drain, a non-Kueue
+// preemption, a delete) and bounds their grace; a tenant removing it from a
+// running pod would step outside that (review 16, H3).
 func (m *Mutator) ValidatePodUpdate(old, cur *corev1.Pod) error {
 	if k, ok := changed(old.Annotations, cur.Annotations); ok {
 		return fmt.Errorf("annotation %s cannot change on an existing pod; delete and recreate it (or change its job)", k)
 	}
+	o, ook := old.Annotations[v1alpha1.AnnotationCheckpoint]
+	c, cok := cur.Annotations[v1alpha1.AnnotationCheckpoint]
+	if o != c || ook != cok {
+		return fmt.Errorf("annotation %s cannot change on an existing pod; delete and recreate it (or change its job)", v1alpha1.AnnotationCheckpoint)
+	}
 	return nil
 }
+
+// PodUpdateRefusedKeys are the annotations ValidatePodUpdate refuses to
+// change: the pod validating webhook's match condition sends it updates
+// that change any of them.
+var PodUpdateRefusedKeys = append(append([]string(nil), gpureq.RequestKeys...), v1alpha1.AnnotationCheckpoint)
 
 func runningMsg(k string) error {
 	return fmt.Errorf("annotation %s cannot change while the job runs; suspend the job first (or recreate it)", k)

@@ -103,12 +103,13 @@ func TestCheckpointWrap(t *testing.T) {
 	if d := cmp.Diff([]string{VolumeCkptBin, VolumePodInfo}, vols); d != "" {
 		t.Errorf("volumes (-want +got):\n%s", d)
 	}
-	// A longer grace period the user set is kept.
+	// A longer grace period the user set is capped at the policy's cap +
+	// margin (here MaxTimeout 5m + 15s), and the agent is told that grace.
 	long := int64(3600)
 	p = makePod("p").ann(v1alpha1.AnnotationCheckpoint, "true").ctr(makeCtr("t").obj()).obj()
 	p.Spec.TerminationGracePeriodSeconds = &long
-	if _, err := m.Pod(p, PodContext{}); err != nil || *p.Spec.TerminationGracePeriodSeconds != 3600 || !strings.Contains(strings.Join(p.Spec.Containers[0].Command, " "), "--grace=1h0m0s --") {
-		t.Errorf("grace kept: %v %v %v", err, *p.Spec.TerminationGracePeriodSeconds, p.Spec.Containers[0].Command)
+	if _, err := m.Pod(p, PodContext{}); err != nil || *p.Spec.TerminationGracePeriodSeconds != 315 || !strings.Contains(strings.Join(p.Spec.Containers[0].Command, " "), "--grace=5m15s --") {
+		t.Errorf("grace capped: %v %v %v", err, *p.Spec.TerminationGracePeriodSeconds, p.Spec.Containers[0].Command)
 	}
 }
 

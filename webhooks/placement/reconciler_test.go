@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	kueue "sigs.k8s.io/kueue/apis/kueue/v1beta2"
 
 	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
 )
@@ -43,13 +44,18 @@ func setup(t *testing.T, objs ...client.Object) (*Reconciler, client.Client, *re
 	s := runtime.NewScheme()
 	_ = corev1.AddToScheme(s)
 	_ = v1alpha1.AddToScheme(s)
+	_ = kueue.AddToScheme(s)
 	c := fake.NewClientBuilder().WithScheme(s).WithObjects(objs...).WithStatusSubresource(&v1alpha1.GPUPlan{}).
 		WithIndex(&corev1.Pod{}, IndexPlan, func(o client.Object) []string {
 			if p := o.GetAnnotations()[v1alpha1.AnnotationPlan]; p != "" {
 				return []string{p}
 			}
 			return nil
-		}).Build()
+		}).
+		WithIndex(&corev1.Pod{}, IndexUnplannedGated, IndexUnplannedGatedFunc).
+		WithIndex(&corev1.Pod{}, IndexAwaitingNode, IndexAwaitingNodeFunc).
+		WithIndex(&kueue.Workload{}, IndexVictim, IndexVictimFunc).
+		WithIndex(&kueue.Workload{}, IndexWorkloadOwner, IndexWorkloadOwnerFunc).Build()
 	rec := record.NewFakeRecorder(20)
 	return &Reconciler{Client: c, Recorder: rec}, c, rec
 }

@@ -159,3 +159,205 @@ func TestDevices(t *testing.T) {
 		t.Errorf("Devices = %q", got)
 	}
 }
+
+// A JobSet's replicated Job with replicas R runs R Jobs whose pods share
+// completion indices 0..P-1; Kueue's pod set counts R × P. Every pod,
+// arriving in any order, gets the slot of its (Job index, completion
+// index): distinct pods never wait on each other's slots, and a pod of the
+// driver never lands in the workers' set.
+func TestAssignJobSetReplicas(t *testing.T) {
+	const replicas, parallelism = 3, 2
+	plan := []v1alpha1.PodAssignment{slot("driver", 0, "n1")}
+	for i := int32(0); i < replicas*parallelism; i++ {
+		plan = append(plan, slot("workers", i, fmt.Sprintf("n%d", i)))
+	}
+	type pod struct{ job, ci int32 }
+	var pods []pod
+	for j := int32(0); j < replicas; j++ {
+		for c := int32(0); c < parallelism; c++ {
+			pods = append(pods, pod{j, c})
+		}
+	}
+	r := rand.New(rand.NewSource(2))
+	for round := 0; round < 50; round++ {
+		r.Shuffle(len(pods), func(i, j int) { pods[i], pods[j] = pods[j], pods[i] })
+		var bindings []v1alpha1.SlotBinding
+		taken := map[int32]string{}
+		for _, p := range pods {
+			name := fmt.Sprintf("js-workers-%d-%d", p.job, p.ci)
+			pi := PodInfoFromLabels(name, types.UID(name), map[string]string{
+				"jobset.sigs.k8s.io/replicatedjob-name":     "workers",
+				"jobset.sigs.k8s.io/job-index":              fmt.Sprint(p.job),
+				"jobset.sigs.k8s.io/replicatedjob-replicas": fmt.Sprint(replicas),
+				"batch.kubernetes.io/job-completion-index":  fmt.Sprint(p.ci),
+			}, nil)
+			a, nb, err := Assign(plan, bindings, pi, func(v1alpha1.SlotBinding) bool { return true })
+			if err != nil {
+				t.Fatalf("round %d: %s: %v", round, name, err)
+			}
+			if a.PodSet != "workers" || a.Index != p.job*parallelism+p.ci {
+				t.Fatalf("round %d: %s got %s[%d], want workers[%d]", round, name, a.PodSet, a.Index, p.job*parallelism+p.ci)
+			}
+			if other, dup := taken[a.Index]; dup {
+				t.Fatalf("round %d: %s and %s share workers[%d]", round, other, name, a.Index)
+			}
+			taken[a.Index] = name
+			bindings = nb
+		}
+	}
+	// Pods of the driver Job take the driver's set, by name.
+	pi := PodInfoFromLabels("js-driver-0-0", "d", map[string]string{
+		"jobset.sigs.k8s.io/replicatedjob-name": "driver", "jobset.sigs.k8s.io/job-index": "0",
+		"jobset.sigs.k8s.io/replicatedjob-replicas": "1", "batch.kubernetes.io/job-completion-index": "0"}, nil)
+	if a, _, err := Assign(plan, nil, pi, func(v1alpha1.SlotBinding) bool { return true }); err != nil || a.PodSet != "driver" {
+		t.Errorf("driver pod: %s[%d], %v", a.PodSet, a.Index, err)
+	}
+}
+
+// slotIndex never falls back to the bare completion index of a JobSet pod:
+// a plan the replicas do not divide, or labels missing, give the first free
+// slot instead of one another Job's pod holds.
+func TestSlotIndexJobSetFallbacks(t *testing.T) {
+	plan := []v1alpha1.PodAssignment{slot("w", 0, "n"), slot("w", 1, "n"), slot("w", 2, "n")}
+	sets := map[string]bool{"w": true}
+	cases := []struct {
+		name string
+		pod  PodInfo
+		want *int32
+	}{
+		{"not a JobSet pod", PodInfo{Index: idx(2)}, idx(2)},
+		{"replicas do not divide the plan", PodInfo{Index: idx(0), Group: idx(1), Groups: 2}, nil},
+		{"no replicas label", PodInfo{Index: idx(0), Group: idx(1)}, nil},
+		{"job index beyond replicas", PodInfo{Index: idx(0), Group: idx(3), Groups: 3}, nil},
+		{"completion index beyond parallelism", PodInfo{Index: idx(1), Group: idx(0), Groups: 3}, nil},
+		{"one pod per Job", PodInfo{Index: idx(0), Group: idx(2), Groups: 3}, idx(2)},
+	}
+	for _, tc := range cases {
+		got := slotIndex(plan, sets, tc.pod)
+		if (got == nil) != (tc.want == nil) || (got != nil && *got != *tc.want) {
+			t.Errorf("%s: slotIndex = %v, want %v", tc.name, ptrStr(got), ptrStr(tc.want))
+		}
+	}
+}
+
+func ptrStr(p *int32) string {
+	if p == nil {
+		return "nil"
+	}
+	return fmt.Sprint(*p)
+}
+
+func TestPodInfoFromLabelsJobSetAndLWS(t *testing.T) {
+	pi := PodInfoFromLabels("p", "u", map[string]string{
+		"jobset.sigs.k8s.io/replicatedjob-name": "workers", "jobset.sigs.k8s.io/job-index": "1",
+		"jobset.sigs.k8s.io/replicatedjob-replicas": "2", "batch.kubernetes.io/job-completion-index": "1"}, nil)
+	if pi.ReplicaType != "workers" || ptrStr(pi.Group) != "1" || pi.Groups != 2 || ptrStr(pi.Index) != "1" {
+		t.Errorf("jobset: %+v", pi)
+	}
+	pi = PodInfoFromLabels("p", "u", map[string]string{"jobset.sigs.k8s.io/replicatedjob-name": "workers"}, nil)
+	if pi.Group == nil || *pi.Group != -1 || pi.Groups != 0 {
+		t.Errorf("jobset without job index: %+v", pi)
+	}
+	lwsPod := func(role, worker string) PodInfo {
+		return PodInfoFromLabels("p", "u", map[string]string{"leaderworkerset.sigs.k8s.io/worker-index": worker},
+			map[string]string{"kueue.x-k8s.io/role-hash": role})
+	}
+	for _, tc := range []struct{ role, worker, want string }{
+		{"main", "0", "0"}, {"main", "3", "3"}, {"leader", "0", "0"}, {"worker", "1", "0"}, {"worker", "3", "2"}, {"worker", "0", "nil"}, {"main", "x", "nil"},
+	} {
+		pi := lwsPod(tc.role, tc.worker)
+		if pi.ReplicaType != tc.role || ptrStr(pi.Index) != tc.want {
+			t.Errorf("lws %s/%s: %+v, want index %s", tc.role, tc.worker, pi, tc.want)
+		}
+	}
+	// Without Kueue's role, the worker index names no pod set's slot.
+	if pi := PodInfoFromLabels("p", "u", map[string]string{"leaderworkerset.sigs.k8s.io/worker-index": "1"}, nil); pi.Index != nil {
+		t.Errorf("lws without role: %+v", pi)
+	}
+}
+
+// An LWS group with a leader template is two pod sets (Kueue's "leader",
+// one pod, and "worker", workers 1..size-1), whose slots differ in memory.
+// Pods arrive in any order: a worker that comes first must not take the
+// leader's slot (plan order puts it first), nor the leader a worker's.
+func TestAssignLWSWorkerBeforeLeader(t *testing.T) {
+	plan := []v1alpha1.PodAssignment{slot("leader", 0, "n1"), slot("worker", 0, "n1"), slot("worker", 1, "n2")}
+	lwsPod := func(name, role, worker string) PodInfo {
+		return PodInfoFromLabels(name, types.UID(name), map[string]string{"leaderworkerset.sigs.k8s.io/worker-index": worker},
+			map[string]string{"kueue.x-k8s.io/role-hash": role})
+	}
+	all := func(v1alpha1.SlotBinding) bool { return true }
+	var bindings []v1alpha1.SlotBinding
+	for _, tc := range []struct {
+		pod  PodInfo
+		want string
+	}{
+		{lwsPod("g-0-2", "worker", "2"), "worker/1"},
+		{lwsPod("g-0-1", "worker", "1"), "worker/0"},
+		{lwsPod("g-0", "leader", "0"), "leader/0"},
+	} {
+		a, nb, err := Assign(plan, bindings, tc.pod, all)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.pod.Name, err)
+		}
+		if got := fmt.Sprintf("%s/%d", a.PodSet, a.Index); got != tc.want {
+			t.Errorf("%s got %s, want %s", tc.pod.Name, got, tc.want)
+		}
+		bindings = nb
+	}
+}
+
+// The MPI operator and KubeRay set no replica-type label: their pods are
+// told apart by job role (MPIJob) and node type / group (Ray), so a worker
+// never takes the launcher's or the head's slot (plan order puts those
+// first), and a Ray worker stays in its own group's pod set.
+func TestAssignMPIAndRayPodsOwnPodSets(t *testing.T) {
+	mpiPod := func(name, role, index string) PodInfo {
+		l := map[string]string{"training.kubeflow.org/operator-name": "mpi-operator", "training.kubeflow.org/job-role": role}
+		if index != "" {
+			l["training.kubeflow.org/replica-index"] = index
+		}
+		return PodInfoFromLabels(name, types.UID(name), l, nil)
+	}
+	rayPod := func(name, nodeType, group string) PodInfo {
+		return PodInfoFromLabels(name, types.UID(name), map[string]string{"ray.io/node-type": nodeType, "ray.io/group": group}, nil)
+	}
+	all := func(v1alpha1.SlotBinding) bool { return true }
+	for _, tc := range []struct {
+		name string
+		plan []v1alpha1.PodAssignment
+		pods []PodInfo
+		want []string
+	}{
+		{"mpijob", []v1alpha1.PodAssignment{slot("launcher", 0, "n1"), slot("worker", 0, "n1"), slot("worker", 1, "n2")},
+			[]PodInfo{mpiPod("j-worker-0", "worker", "0"), mpiPod("j-worker-1", "worker", "1"), mpiPod("j-launcher", "launcher", "")},
+			[]string{"worker/0", "worker/1", "launcher/0"}},
+		{"mpijob, workers first without index", []v1alpha1.PodAssignment{slot("launcher", 0, "n1"), slot("worker", 0, "n1")},
+			[]PodInfo{mpiPod("j-worker-x", "worker", ""), mpiPod("j-launcher", "launcher", "")},
+			[]string{"worker/0", "launcher/0"}},
+		{"ray", []v1alpha1.PodAssignment{slot("head", 0, "n1"), slot("gpu", 0, "n1"), slot("gpu", 1, "n2"), slot("small", 0, "n2")},
+			[]PodInfo{rayPod("c-gpu-a", "worker", "gpu"), rayPod("c-small-a", "worker", "small"), rayPod("c-gpu-b", "worker", "gpu"), rayPod("c-head", "head", "headgroup")},
+			[]string{"gpu/0", "small/0", "gpu/1", "head/0"}},
+		{"ray group named in capitals", []v1alpha1.PodAssignment{slot("head", 0, "n1"), slot("gpu-workers", 0, "n1")},
+			[]PodInfo{rayPod("c-w", "worker", "GPU-Workers"), rayPod("c-head", "head", "headgroup")},
+			[]string{"gpu-workers/0", "head/0"}},
+	} {
+		var bindings []v1alpha1.SlotBinding
+		for i, p := range tc.pods {
+			a, nb, err := Assign(tc.plan, bindings, p, all)
+			if err != nil {
+				t.Fatalf("%s: %s: %v", tc.name, p.Name, err)
+			}
+			if got := fmt.Sprintf("%s/%d", a.PodSet, a.Index); got != tc.want[i] {
+				t.Errorf("%s: %s got %s, want %s", tc.name, p.Name, got, tc.want[i])
+			}
+			bindings = nb
+		}
+	}
+	// A pod that only claims an MPI role without the operator's name label
+	// is not read as one (the training operator sets job-role "master" on
+	// PyTorchJob pods too; those carry replica-type).
+	if pi := PodInfoFromLabels("p", "u", map[string]string{"training.kubeflow.org/job-role": "launcher"}, nil); pi.ReplicaType != "" {
+		t.Errorf("role without operator label: %+v", pi)
+	}
+}

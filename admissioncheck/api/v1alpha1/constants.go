@@ -33,6 +33,22 @@ const (
 	AnnotationPlan          = "gpupack.io/plan"    // names the GPUPlan (set through podSetUpdates)
 	AnnotationDevices       = "gpupack.io/devices" // "<uuid>:<MiB>[,…]" on a pinned pod
 	SchedulingGatePlacement = "gpupack.io/placement"
+	// AnnotationAdmission, on a GPUPlan, names the Workload admission (quota
+	// reservation) it was planned for: the QuotaReserved condition's
+	// lastTransitionTime, RFC 3339. A re-admitted Workload keeps its name
+	// and UID; this tells its plans apart. Set by gpupack only.
+	AnnotationAdmission = "gpupack.io/admission"
+	// AnnotationPodRequests, on a GPUPlan, is what one pod of each GPU pod
+	// set requests of everything but GPUs (JSON: pod set → resource list):
+	// a slot no pod is on yet reserves it on the slot's node. Set by
+	// gpupack only.
+	AnnotationPodRequests = "gpupack.io/pod-requests"
+	// AnnotationPodAffinity, on a GPUPlan, is what pod anti-affinity needs
+	// of each GPU pod set's pods (JSON: pod set → {"labels", "anti"}: the
+	// template's labels and required anti-affinity terms): a slot whose pod
+	// is not bound yet stands for it on the slot's node, so a gang decided
+	// meanwhile is kept apart from it. Set by gpupack only.
+	AnnotationPodAffinity = "gpupack.io/pod-affinity"
 	// AnnotationInjected marks a job's pod template that the webhook already
 	// brought to the form it gives pods; the value fingerprints the webhook
 	// configuration. Pods a trusted controller makes from such a template

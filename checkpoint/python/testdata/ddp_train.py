@@ -7,12 +7,19 @@ opens with. --save dcp writes the model with torch.distributed.checkpoint's
 FileSystemWriter (one self-contained DCP checkpoint per rank directory).
 """
 
-import argparse
-import datetime
 import os
-import signal
 import sys
-import time
+
+if "--losses" in sys.argv:
+    # First thing, before torch is imported: "<rank> started <pid>" (a
+    # worker group torchrun restarts shows up even if it dies importing).
+    with open(sys.argv[sys.argv.index("--losses") + 1], "a") as _f:
+        _f.write("%s started %d\n" % (os.environ.get("RANK", "-1"), os.getpid()))
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import signal  # noqa: E402
+import time  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import gpupack_ckpt  # noqa: E402
@@ -94,6 +101,12 @@ def main():
     p.add_argument("--step-time", type=float, default=0.02)
     p.add_argument("--save", choices=["pt", "dcp"], default="pt")
     p.add_argument("--self-signal", default="", help="RANK:STEP: that rank alone gets SIGUSR1 after that step")
+    p.add_argument("--local-dir", default=None, help="tiered: save to this node-local directory first")
+    p.add_argument("--exit-linger", type=float, default=0,
+                   help="after the stop save, linger this long with SIGTERM at its default (as the interpreter's "
+                        "shutdown, which resets the helper's handler, does on torch 1.13 for seconds)")
+    p.add_argument("--stop-save-time", type=float, default=0,
+                   help="the save after a request takes this many seconds longer (a big model)")
     a = p.parse_args()
 
     torch.manual_seed(0)
@@ -123,7 +136,7 @@ def main():
         opt.load_state_dict(torch.load(os.path.join(path, "optim.pt")))
 
     # --- the loop of docs/preemption.md ---
-    ck = gpupack_ckpt.Checkpointer(a.dir)
+    ck = gpupack_ckpt.Checkpointer(a.dir, local_dir=a.local_dir)
     step = ck.resume(load)
     out.write("%d resumed %d\n" % (rank, step))
     loader = iter(DataLoader(Samples(), batch_sampler=Steps(step, a.total_steps, rank, world), num_workers=2))
@@ -141,8 +154,15 @@ def main():
         if ck.should_stop() or step % a.save_every == 0:
             with ck.saving(step) as path:
                 save(path)
+                if ck.stopping and a.stop_save_time:
+                    out.write("%d saving %d\n" % (rank, step))
+                    time.sleep(a.stop_save_time)
+                    out.write("%d workers %d\n" % (rank, len([w for w in loader._workers if w.is_alive()])))
             out.write("%d saved %d\n" % (rank, step))
             if ck.stopping:
+                if a.exit_linger:
+                    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                    time.sleep(a.exit_linger)
                 sys.exit(0)
     dist.destroy_process_group()
 

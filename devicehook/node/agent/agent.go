@@ -8,6 +8,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -66,7 +67,11 @@ type Options struct {
 	// webhook that still mounts them (both at once would clash).
 	PluginMounts bool
 	CacheDir     string // host root of per-pod accounting dirs
-	LimitsDir    string // host root of the trusted limits files
+	// AccountingTmpfs mounts a small tmpfs on each container's accounting
+	// dir (the default; the folder is the tenant's, read-write): false
+	// leaves it an unbounded folder on the host disk.
+	AccountingTmpfs bool
+	LimitsDir       string // host root of the trusted limits files
 	// ContextReserve is the per-model GPUPACK_CONTEXT_RESERVE table.
 	ContextReserve deviceplugin.ContextReserve
 	// VisibleDevicesEnv also sets NVIDIA_VISIBLE_DEVICES in Allocate (a
@@ -81,9 +86,12 @@ type Options struct {
 	BypassPolicy bypass.Policy
 	// Killer ends processes under policies kill/enforce; nil signals them
 	// (tests pass a fake: NVML's PIDs are host PIDs).
-	Killer          bypass.Killer
-	BypassInterval  time.Duration
-	SlackMiB        int64 // per container, over its plan (CUDA contexts)
+	Killer         bypass.Killer
+	BypassInterval time.Duration
+	SlackMiB       int64 // per container, over its plan (CUDA contexts)
+	// UnattributedMiB per GPU: device memory no NVML process list accounts
+	// for that is tolerated (driver overhead) before a node finding.
+	UnattributedMiB int64
 	PublishInterval time.Duration
 	NVMLRetry       time.Duration
 	MetricsAddr     string // "" disables the metrics endpoint
@@ -100,10 +108,10 @@ func DefaultOptions() Options {
 	return Options{
 		Buffer: flavors.DefaultBuffer(), SlotsPerGPU: 10,
 		DevicePlugin: true, PluginDir: "/var/lib/kubelet/device-plugins",
-		HookDir: v1alpha1.DefaultHookHostPath, CacheDir: v1alpha1.DefaultSharedCacheDir, Version: "dev",
+		HookDir: v1alpha1.DefaultHookHostPath, CacheDir: v1alpha1.DefaultSharedCacheDir, AccountingTmpfs: true, Version: "dev",
 		PluginMounts: true, LimitsDir: deviceplugin.DefaultLimitsDir, ContextReserve: deviceplugin.DefaultContextReserve(),
 		ToolkitConfig: "/etc/nvidia-container-runtime/config.toml",
-		ProcRoot:      "/proc", BypassPolicy: bypass.PolicyEnforce, BypassInterval: 5 * time.Second, SlackMiB: 512,
+		ProcRoot:      "/proc", BypassPolicy: bypass.PolicyEnforce, BypassInterval: 5 * time.Second, SlackMiB: 512, UnattributedMiB: 1024,
 		PublishInterval: 30 * time.Second, NVMLRetry: time.Minute, MetricsAddr: ":9400",
 	}
 }
@@ -120,6 +128,7 @@ type Agent struct {
 
 	mu      sync.Mutex
 	plugins []*deviceplugin.Plugin
+	mig     map[string]bool // GPUs seen in MIG mode (logged once per change)
 	pods    deviceplugin.PodLister
 	plans   deviceplugin.PlanLister
 }
@@ -188,6 +197,22 @@ func (a *Agent) PublishOnce(ctx context.Context) (inventory.Result, error) {
 	}
 	for _, g := range now {
 		a.Metrics.NVLinkActiveLinks.WithLabelValues(g.UUID).Set(float64(g.ActiveLinks))
+		mig := 0.0
+		if g.MIG {
+			mig = 1
+		}
+		a.Metrics.GPUMIGEnabled.WithLabelValues(g.UUID).Set(mig)
+		a.mu.Lock()
+		changed := a.mig[g.UUID] != g.MIG
+		if a.mig == nil {
+			a.mig = map[string]bool{}
+		}
+		a.mig[g.UUID] = g.MIG
+		a.mu.Unlock()
+		if changed && g.MIG {
+			klog.InfoS("GPU is in MIG mode: SM limits (gpupack.io/gpu-cores, CUDA_DEVICE_SM_LIMIT) do not apply on it; the MIG slice bounds the SMs and the hook does not throttle",
+				"node", a.opts.NodeName, "gpu", g.UUID, "index", g.Index)
+		}
 	}
 	a.mu.Lock()
 	for _, p := range a.plugins {
@@ -275,10 +300,17 @@ func (a *Agent) Run(ctx context.Context) error {
 	if _, err := a.PublishOnce(ctx); err != nil {
 		klog.ErrorS(err, "first inventory publish failed")
 	}
+	// What Allocate binds into GPU containers is verified in each
+	// container's own mount table (a pod mount over it through an image
+	// symlink passes the webhook's string compare).
+	var mounts *bypass.MountCheck
+	if a.opts.PluginMounts {
+		mounts = &bypass.MountCheck{ProcRoot: a.opts.ProcRoot, LimitsDir: a.opts.LimitsDir, HookDir: a.opts.HookDir, Preload: true}
+	}
 	w := bypass.New(bypass.Config{
-		NodeName: a.opts.NodeName, NVML: a.lib, Resolver: bypass.ProcResolver{Root: a.opts.ProcRoot},
+		NodeName: a.opts.NodeName, NVML: a.lib, Resolver: bypass.ProcResolver{Root: a.opts.ProcRoot}, Mounts: mounts,
 		Pods: a.pods, Plans: a.plans, Client: a.client, Killer: a.opts.Killer, Recorder: a.recorder, Policy: a.opts.BypassPolicy,
-		SlackMiB: a.opts.SlackMiB, CacheDir: a.opts.CacheDir, Metrics: a.Metrics, Interval: a.opts.BypassInterval,
+		SlackMiB: a.opts.SlackMiB, UnattributedMiB: a.opts.UnattributedMiB, CacheDir: a.opts.CacheDir, Metrics: a.Metrics, Interval: a.opts.BypassInterval,
 	})
 	wg.Add(1)
 	go func() { defer wg.Done(); w.Run(ctx) }()
@@ -336,12 +368,22 @@ func (a *Agent) startPlugins(ctx context.Context, wg *sync.WaitGroup) {
 			Unplanned: deviceplugin.UnplannedFreeGPUs,
 		})
 	}
+	// One ledger for the node's plugins: their resources share the GPUs.
+	ledger := deviceplugin.NewLedger()
+	var fresh func(context.Context) ([]*v1alpha1.GPUPlan, error)
+	if a.opts.Dynamic != nil {
+		fresh = func(ctx context.Context) ([]*v1alpha1.GPUPlan, error) { return ListPlans(ctx, a.opts.Dynamic) }
+	}
 	for _, c := range cfgs {
 		c.NodeName, c.PluginDir, c.Pods, c.Plans, c.Metrics = a.opts.NodeName, a.opts.PluginDir, a.pods, a.plans, a.Metrics
+		c.Ledger, c.FreshPlans = ledger, fresh
 		c.Client, c.Recorder, c.AllocatableMiB = a.client, a.recorder, a.opts.Buffer.Allocatable
 		c.ContextReserve, c.VisibleDevicesEnv, c.LimitsDir = a.opts.ContextReserve, a.opts.VisibleDevicesEnv, a.opts.LimitsDir
 		if a.opts.PluginMounts {
 			c.HookDir, c.MountPreload, c.CacheHostDir = a.opts.HookDir, true, a.opts.CacheDir
+			if a.opts.AccountingTmpfs {
+				c.AccountingRegionBytes = bypass.RegionSize
+			}
 		}
 		p := deviceplugin.New(c)
 		a.mu.Lock()
@@ -377,7 +419,7 @@ func (a *Agent) checkToolkit(ctx context.Context) toolkit.Result {
 	for _, f := range r.Findings {
 		unsafe[f.Setting] = true
 	}
-	for _, s := range []string{toolkit.SettingConfig, toolkit.SettingEnvvar, toolkit.SettingCDI} {
+	for _, s := range toolkit.Settings {
 		v := 0.0
 		if unsafe[s] {
 			v = 1
@@ -431,9 +473,29 @@ func WatchPlans(ctx context.Context, dyn dynamic.Interface) deviceplugin.PlanLis
 	})
 }
 
+// ListPlans reads every GPUPlan from the API server (a quorum read, not
+// the informer's cache): what the device plugin checks an unplanned
+// allocation against once it is recorded.
+func ListPlans(ctx context.Context, dyn dynamic.Interface) ([]*v1alpha1.GPUPlan, error) {
+	list, err := dyn.Resource(v1alpha1.GroupVersion.WithResource("gpuplans")).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*v1alpha1.GPUPlan, 0, len(list.Items))
+	for i := range list.Items {
+		plan := &v1alpha1.GPUPlan{}
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(list.Items[i].Object, plan); err != nil {
+			return nil, fmt.Errorf("GPUPlan %s/%s: %w", list.Items[i].GetNamespace(), list.Items[i].GetName(), err)
+		}
+		out = append(out, plan)
+	}
+	return out, nil
+}
+
 // gcAccounting removes accounting and limits dirs of pods no longer on this
 // node, an hour after their last write (a pod's processes may still be
-// exiting).
+// exiting); an accounting dir's tmpfs is unmounted first. The device
+// plugins forget the Events they told pods that are gone.
 func (a *Agent) gcAccounting() {
 	if a.pods == nil {
 		return
@@ -443,9 +505,16 @@ func (a *Agent) gcAccounting() {
 		return
 	}
 	live := map[string]bool{}
+	liveUIDs := map[types.UID]bool{}
 	for _, p := range pods {
 		live[string(p.UID)] = true
+		liveUIDs[p.UID] = true
 	}
+	a.mu.Lock()
+	for _, p := range a.plugins {
+		p.Forget(liveUIDs)
+	}
+	a.mu.Unlock()
 	for _, root := range []string{a.opts.CacheDir, a.opts.LimitsDir} {
 		if root == "" {
 			continue
@@ -459,7 +528,13 @@ func (a *Agent) gcAccounting() {
 				continue
 			}
 			if fi, err := e.Info(); err == nil && time.Since(fi.ModTime()) > time.Hour {
-				if err := os.RemoveAll(filepath.Join(root, e.Name())); err != nil {
+				var err error
+				if root == a.opts.CacheDir {
+					err = deviceplugin.RemovePodAccounting(root, types.UID(e.Name()))
+				} else {
+					err = os.RemoveAll(filepath.Join(root, e.Name()))
+				}
+				if err != nil {
 					klog.ErrorS(err, "accounting dir GC")
 				}
 			}

@@ -15,7 +15,9 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/gpupack/gpupack/devicehook/node/bypass"
+	"github.com/gpupack/gpupack/devicehook/node/inventory"
 	"github.com/gpupack/gpupack/devicehook/node/metrics"
+	"github.com/gpupack/gpupack/devicehook/node/nvmlfake"
 	"github.com/gpupack/gpupack/devicehook/node/toolkit"
 	"github.com/gpupack/gpupack/flavors"
 )
@@ -109,8 +111,10 @@ func TestToolkitCheck(t *testing.T) {
 		status corev1.ConditionStatus
 		unsafe map[string]float64
 	}{
-		{"default.toml", corev1.ConditionFalse, map[string]float64{toolkit.SettingEnvvar: 1, toolkit.SettingCDI: 1, toolkit.SettingConfig: 0}},
-		{"safe.toml", corev1.ConditionTrue, map[string]float64{toolkit.SettingEnvvar: 0, toolkit.SettingCDI: 0, toolkit.SettingConfig: 0}},
+		{"default.toml", corev1.ConditionFalse, map[string]float64{toolkit.SettingEnvvar: 1, toolkit.SettingCDI: 1, toolkit.SettingConfig: 0, toolkit.SettingVolumeMounts: 0, toolkit.SettingAnnotationPrefixes: 1}},
+		{"safe.toml", corev1.ConditionTrue, map[string]float64{toolkit.SettingEnvvar: 0, toolkit.SettingCDI: 0, toolkit.SettingConfig: 0, toolkit.SettingVolumeMounts: 0, toolkit.SettingAnnotationPrefixes: 0}},
+		// Outside review rev14: volume-mounts was never exported.
+		{"volume-mounts-true.toml", corev1.ConditionFalse, map[string]float64{toolkit.SettingEnvvar: 0, toolkit.SettingCDI: 0, toolkit.SettingConfig: 0, toolkit.SettingVolumeMounts: 1, toolkit.SettingAnnotationPrefixes: 0}},
 	} {
 		cs := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
 		o := DefaultOptions()
@@ -132,9 +136,13 @@ func TestToolkitCheck(t *testing.T) {
 		if got == nil || got.Status != tc.status {
 			t.Errorf("%s: condition %+v, want status %s", tc.file, got, tc.status)
 		}
-		for setting, want := range tc.unsafe {
-			if v, _ := metrics.Value(a.Registry(), "gpupack_node_toolkit_unsafe", map[string]string{"setting": setting}); v != want {
-				t.Errorf("%s: toolkit_unsafe{%s} = %v, want %v", tc.file, setting, v, want)
+		if len(tc.unsafe) != len(toolkit.Settings) {
+			t.Fatalf("%s: the case names %d settings, toolkit.Settings %d", tc.file, len(tc.unsafe), len(toolkit.Settings))
+		}
+		for _, setting := range toolkit.Settings {
+			want, ok := tc.unsafe[setting]
+			if v, err := metrics.Value(a.Registry(), "gpupack_node_toolkit_unsafe", map[string]string{"setting": setting}); !ok || err != nil || v != want {
+				t.Errorf("%s: toolkit_unsafe{%s} = %v (%v), want %v", tc.file, setting, v, err, want)
 			}
 		}
 		events := len(rec.Events)
@@ -142,4 +150,37 @@ func TestToolkitCheck(t *testing.T) {
 			t.Errorf("%s: %d events", tc.file, events)
 		}
 	}
+}
+
+// TestMIGMetric: a GPU in MIG mode is exported as such, so operators see
+// that SM limits (gpupack.io/gpu-cores) do not apply on it; the others
+// read 0, and leaving MIG mode clears it.
+func TestMIGMetric(t *testing.T) {
+	cs := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
+	n := nvmlfake.DGXH100()
+	n.GPUs[1].Device().SetMigMode(nvml.DEVICE_MIG_ENABLE)
+	o := DefaultOptions()
+	o.NodeName, o.MetricsAddr, o.ToolkitConfig = "n1", "", ""
+	a := New(o, n, cs)
+	if err := inventory.Init(n); err != nil {
+		t.Fatal(err)
+	}
+	check := func(migGPU int) {
+		t.Helper()
+		if _, err := a.PublishOnce(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		for i, g := range n.GPUs {
+			want := 0.0
+			if i == migGPU {
+				want = 1
+			}
+			if v, err := metrics.Value(a.Registry(), "gpupack_node_gpu_mig_enabled", map[string]string{"gpu": g.UUID()}); err != nil || v != want {
+				t.Errorf("GPU %d: gpupack_node_gpu_mig_enabled = %v, %v; want %v", i, v, err, want)
+			}
+		}
+	}
+	check(1)
+	n.GPUs[1].Device().SetMigMode(0)
+	check(-1)
 }

@@ -59,11 +59,12 @@ type Usage struct {
 type Finding struct {
 	Kind     string // metrics.Kind*
 	Pod      types.UID
-	Key      types.NamespacedName // zero for KindUnknown
+	Key      types.NamespacedName // zero for KindUnknown and KindUnattributed
 	GPU      string
 	UsedMiB  int64
-	LimitMiB int64 // 0 when the pod has no share of this GPU
+	LimitMiB int64 // 0 when the pod has no share of this GPU; the tolerance for KindUnattributed
 	PIDs     []uint32
+	Detail   string // KindMountOverride: what the first process sees
 }
 
 // Message renders a finding for an Event.
@@ -73,6 +74,10 @@ func (f Finding) Message() string {
 		return fmt.Sprintf("processes %v use %d MiB on GPU %s, over the %d MiB planned for this pod (memory the hook did not bound: static binary, direct ioctl, or LD_PRELOAD removed)", f.PIDs, f.UsedMiB, f.GPU, f.LimitMiB)
 	case metrics.KindUnassigned:
 		return fmt.Sprintf("processes %v use %d MiB on GPU %s, which is not assigned to this pod", f.PIDs, f.UsedMiB, f.GPU)
+	case metrics.KindMountOverride:
+		return fmt.Sprintf("processes %v do not see gpupack-node's own mounts: %s (a pod mount over the hook's paths, e.g. a subPath or terminationMessagePath through an image symlink)", f.PIDs, f.Detail)
+	case metrics.KindUnattributed:
+		return fmt.Sprintf("%d MiB in use on GPU %s is in no NVML process list (compute, graphics, MPS), over the %d MiB tolerated for the driver: not attributable to a pod, nothing killed", f.UsedMiB, f.GPU, f.LimitMiB)
 	default:
 		if f.Pod != "" {
 			return fmt.Sprintf("processes %v of unknown pod %s use %d MiB on GPU %s", f.PIDs, f.Pod, f.UsedMiB, f.GPU)

@@ -90,9 +90,15 @@ const (
 	ReasonUnassigned = "GPUNotAssigned"
 	ReasonUnknown    = "UnknownGPUProcess"
 	ReasonEnforced   = "GPUBypassEnforced"
+	// ReasonUnattributed (on the Node): device memory in use that no NVML
+	// process list accounts for.
+	ReasonUnattributed = "GPUMemoryUnattributed"
 	// ReasonHostileAccounting: the container's accounting file is not one
 	// the hook writes (FIFO, symlink, oversized).
 	ReasonHostileAccounting = "HookAccountingHostile"
+	// ReasonMountOverride: a GPU process sees another mount than
+	// gpupack-node's at the hook's paths (KindMountOverride).
+	ReasonMountOverride = "GPUMountOverride"
 )
 
 // Config of a Watcher.
@@ -109,9 +115,19 @@ type Config struct {
 	// SlackMiB per container (not per process: 64 processes must not hide
 	// 32 GiB) covers the CUDA contexts NVML counts beyond the plan.
 	SlackMiB int64
+	// UnattributedMiB is the device memory in use beyond what NVML's
+	// process lists account for (driver overhead) that is tolerated on a
+	// GPU; more, in two passes running, is a KindUnattributed finding on
+	// the node (reported, never enforced: no process to kill). 0: 1024.
+	UnattributedMiB int64
 	// CacheDir is the host root of per-pod accounting dirs (drift); "" skips drift.
 	CacheDir string
 	Hook     HookUsage
+	// Mounts, when set, verifies in every pass that each GPU process of a
+	// pod gpupack-node allocated sees gpupack-node's own binds at
+	// /etc/ld.so.preload, /etc/gpupack/limits and the hook library
+	// (KindMountOverride, enforced like a bypass). Nil checks nothing.
+	Mounts   *MountCheck
 	Metrics  *metrics.Metrics
 	Interval time.Duration
 	// ReportEvery re-announces a standing finding (Events and the counter
@@ -129,6 +145,10 @@ type Watcher struct {
 	// confirmed remembers what a plan gave each pod, for when the manager
 	// deletes the plan while the pod still runs.
 	confirmed map[types.UID][]v1alpha1.GPUAssignment
+	// unattributed counts the passes running in which a GPU's unattributed
+	// memory stood over the threshold (one pass may compare a process list
+	// NVML sampled earlier with the live memory counter).
+	unattributed map[string]int
 }
 
 // New creates a watcher.
@@ -148,13 +168,16 @@ func New(cfg Config) *Watcher {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.UnattributedMiB <= 0 {
+		cfg.UnattributedMiB = 1024
+	}
 	if cfg.Policy == "" {
 		cfg.Policy = PolicyEnforce
 	}
 	if cfg.Killer == nil {
 		cfg.Killer = SignalKiller{}
 	}
-	return &Watcher{cfg: cfg, reported: map[string]time.Time{}, deleted: map[types.UID]bool{}, confirmed: map[types.UID][]v1alpha1.GPUAssignment{}}
+	return &Watcher{cfg: cfg, reported: map[string]time.Time{}, deleted: map[types.UID]bool{}, confirmed: map[types.UID][]v1alpha1.GPUAssignment{}, unattributed: map[string]int{}}
 }
 
 // Run polls until ctx ends.
@@ -178,7 +201,7 @@ const notAvailable = ^uint64(0)
 
 // Once runs one pass and returns the findings it reported or acted on.
 func (w *Watcher) Once(ctx context.Context) ([]Finding, error) {
-	procs, index, err := w.processes()
+	procs, index, residual, err := w.processes()
 	if err != nil {
 		return nil, err
 	}
@@ -218,15 +241,11 @@ func (w *Watcher) Once(ctx context.Context) ([]Finding, error) {
 		}
 		in.Pods[p.UID] = pod
 	}
-	w.mu.Lock()
-	for uid := range w.confirmed {
-		if _, ok := byUID[uid]; !ok {
-			delete(w.confirmed, uid)
-		}
-	}
-	w.mu.Unlock()
+	w.forget(byUID)
 	usage, findings := Decide(in)
 	w.observe(procs, index, usage, limitPerGPU, in.Pods, byUID)
+	findings = append(findings, w.mountFindings(procs, in.Pods, byUID)...)
+	findings = append(findings, w.unattributedFindings(index, residual)...)
 
 	var acted []Finding
 	for _, f := range findings {
@@ -235,6 +254,33 @@ func (w *Watcher) Once(ctx context.Context) ([]Finding, error) {
 		}
 	}
 	return acted, nil
+}
+
+// forget drops what the watcher remembers of pods no longer on this node
+// (byUID): what their plans gave them, that they were deleted; and every
+// report older than ReportEvery (it would be fresh again anyway). Otherwise
+// these maps grow with every pod UID for the agent's life.
+func (w *Watcher) forget(byUID map[types.UID]*corev1.Pod) {
+	now := w.cfg.Now()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for uid := range w.confirmed {
+		if _, ok := byUID[uid]; !ok {
+			delete(w.confirmed, uid)
+		}
+	}
+	for uid := range w.deleted {
+		if _, ok := byUID[uid]; !ok {
+			delete(w.deleted, uid)
+		}
+	}
+	// By age only: a finding about a process of a pod not on this node
+	// (unknown) is keyed by that pod's UID and must stay deduplicated.
+	for key, last := range w.reported {
+		if now.Sub(last) >= w.cfg.ReportEvery {
+			delete(w.reported, key)
+		}
+	}
 }
 
 // podGPUs is what the node trusts a pod to hold: its GPUPlan binding, or
@@ -341,14 +387,17 @@ func chunksOf(p *corev1.Pod, gpus []v1alpha1.GPUAssignment) []deviceplugin.Chunk
 	return out
 }
 
-// processes lists compute processes on every GPU with their pods.
-func (w *Watcher) processes() ([]Proc, map[string]int, error) {
+// processes lists the processes on every GPU with their pods: compute,
+// graphics (Vulkan, EGL/OpenGL contexts) and MPS clients, one entry per PID
+// (the most memory any list gives it: NVML reports a process's memory in
+// each list it is in). residual is, per GPU whose memory info was read, the
+// device's used memory that no process accounts for.
+func (w *Watcher) processes() (out []Proc, index map[string]int, residual map[string]int64, err error) {
 	n, ret := w.cfg.NVML.DeviceGetCount()
 	if ret != nvml.SUCCESS {
-		return nil, nil, fmt.Errorf("nvml DeviceGetCount: %v", ret)
+		return nil, nil, nil, fmt.Errorf("nvml DeviceGetCount: %v", ret)
 	}
-	index := map[string]int{}
-	var out []Proc
+	index, residual = map[string]int{}, map[string]int64{}
 	for i := 0; i < n; i++ {
 		d, ret := w.cfg.NVML.DeviceGetHandleByIndex(i)
 		if ret != nvml.SUCCESS {
@@ -359,8 +408,8 @@ func (w *Watcher) processes() ([]Proc, map[string]int, error) {
 			continue
 		}
 		index[uuid] = i
-		ps, ret := d.GetComputeRunningProcesses()
-		if ret != nvml.SUCCESS {
+		ps, ok := runningProcesses(d, uuid)
+		if !ok {
 			continue
 		}
 		var known int64
@@ -379,9 +428,133 @@ func (w *Watcher) processes() ([]Proc, map[string]int, error) {
 			}
 			out = append(out, Proc{PID: p.Pid, GPU: uuid, UsedMiB: used, Pod: uid})
 		}
-		w.attributeUnmeasured(d, uuid, out, unmeasured, known)
+		if r, ok := w.attributeUnmeasured(d, uuid, out, unmeasured, known); ok {
+			residual[uuid] = r
+		}
 	}
-	return out, index, nil
+	return out, index, residual, nil
+}
+
+// runningProcesses merges NVML's three process lists of a device, one entry
+// per PID. A list the device does not support (no MPS, no graphics) is
+// skipped; false when none could be read.
+func runningProcesses(d nvml.Device, uuid string) ([]nvml.ProcessInfo, bool) {
+	var out []nvml.ProcessInfo
+	at := map[uint32]int{}
+	read := false
+	for _, l := range []struct {
+		name string
+		get  func() ([]nvml.ProcessInfo, nvml.Return)
+	}{
+		{"compute", d.GetComputeRunningProcesses},
+		{"graphics", d.GetGraphicsRunningProcesses},
+		{"mps", d.GetMPSComputeRunningProcesses},
+	} {
+		ps, ret := l.get()
+		if ret != nvml.SUCCESS {
+			if ret != nvml.ERROR_NOT_SUPPORTED {
+				klog.V(2).InfoS("cannot list GPU processes", "gpu", uuid, "list", l.name, "ret", ret)
+			}
+			continue
+		}
+		read = true
+		for _, p := range ps {
+			i, seen := at[p.Pid]
+			switch {
+			case !seen:
+				at[p.Pid] = len(out)
+				out = append(out, p)
+			case out[i].UsedGpuMemory == notAvailable || (p.UsedGpuMemory != notAvailable && p.UsedGpuMemory > out[i].UsedGpuMemory):
+				out[i].UsedGpuMemory = p.UsedGpuMemory
+			}
+		}
+	}
+	return out, read
+}
+
+// mountFindings checks the mount table of each GPU process of a pod this
+// node allocated (one with Limits): one finding per pod, naming its
+// processes that see a foreign mount at the hook's paths. A process that
+// exited, or gpupack-node's own side unknown (the pod's limits folder gone),
+// is skipped; a table that cannot be parsed is a finding (fail closed).
+func (w *Watcher) mountFindings(procs []Proc, pods map[types.UID]Pod, byUID map[types.UID]*corev1.Pod) []Finding {
+	if w.cfg.Mounts == nil {
+		return nil
+	}
+	self, err := w.cfg.Mounts.Self()
+	if err != nil {
+		klog.ErrorS(err, "mount check skipped: cannot read gpupack-node's own mount table")
+		return nil
+	}
+	byPod := map[types.UID]*Finding{}
+	checked := map[uint32]bool{}
+	for _, p := range procs {
+		pod, ok := pods[p.Pod]
+		if p.Pod == "" || !ok || pod.Limits == nil || byUID[p.Pod] == nil || checked[p.PID] {
+			continue
+		}
+		checked[p.PID] = true
+		vs, err := w.cfg.Mounts.Check(self, p.PID, string(p.Pod), containerNames(byUID[p.Pod]))
+		if err != nil {
+			klog.V(2).InfoS("mount check skipped", "pod", pod.Key, "pid", p.PID, "err", err)
+			continue
+		}
+		if len(vs) == 0 {
+			continue
+		}
+		f := byPod[p.Pod]
+		if f == nil {
+			f = &Finding{Kind: metrics.KindMountOverride, Pod: p.Pod, Key: pod.Key, Detail: vs[0].String()}
+			byPod[p.Pod] = f
+		}
+		f.PIDs = append(f.PIDs, p.PID)
+	}
+	out := make([]Finding, 0, len(byPod))
+	for _, f := range byPod {
+		sort.Slice(f.PIDs, func(i, j int) bool { return f.PIDs[i] < f.PIDs[j] })
+		out = append(out, *f)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Pod < out[j].Pod })
+	return out
+}
+
+func containerNames(p *corev1.Pod) []string {
+	var out []string
+	for _, list := range [][]corev1.Container{p.Spec.InitContainers, p.Spec.Containers} {
+		for _, c := range list {
+			out = append(out, c.Name)
+		}
+	}
+	return out
+}
+
+// unattributedFindings reports GPUs whose memory in use exceeds what the
+// processes account for by more than UnattributedMiB in this pass and the
+// one before: memory no process list shows cannot be charged to a pod (or
+// killed), so it is a finding on the node only.
+func (w *Watcher) unattributedFindings(index map[string]int, residual map[string]int64) []Finding {
+	var out []Finding
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for uuid := range index {
+		r, ok := residual[uuid]
+		w.cfg.Metrics.GPUUnattributedMiB.WithLabelValues(uuid).Set(float64(max(r, 0)))
+		if !ok || r <= w.cfg.UnattributedMiB {
+			delete(w.unattributed, uuid)
+			continue
+		}
+		w.unattributed[uuid]++
+		if w.unattributed[uuid] >= 2 {
+			out = append(out, Finding{Kind: metrics.KindUnattributed, GPU: uuid, UsedMiB: r, LimitMiB: w.cfg.UnattributedMiB})
+		}
+	}
+	for uuid := range w.unattributed {
+		if _, ok := index[uuid]; !ok {
+			delete(w.unattributed, uuid)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].GPU < out[j].GPU })
+	return out
 }
 
 // attributeUnmeasured handles processes whose memory NVML reports as not
@@ -389,28 +562,32 @@ func (w *Watcher) processes() ([]Proc, map[string]int, error) {
 // 0 MiB and hide a bypass: the device's used memory minus what the other
 // processes account for is charged to them when they all belong to one pod
 // (to its first such process). Processes of several pods cannot be told
-// apart; that is logged and left at 0.
-func (w *Watcher) attributeUnmeasured(d nvml.Device, uuid string, procs []Proc, unmeasured []int, known int64) {
-	if len(unmeasured) == 0 {
-		return
-	}
+// apart; that is logged and left at 0. It returns the device memory no
+// process accounts for (false when the device's memory info is unreadable
+// or processes of several pods hold memory NVML does not report per process).
+func (w *Watcher) attributeUnmeasured(d nvml.Device, uuid string, procs []Proc, unmeasured []int, known int64) (int64, bool) {
 	mem, ret := d.GetMemoryInfo_v2()
 	if ret != nvml.SUCCESS {
-		klog.V(2).InfoS("per-process GPU memory not available and device memory unreadable", "gpu", uuid, "ret", ret)
-		return
+		if len(unmeasured) > 0 {
+			klog.V(2).InfoS("per-process GPU memory not available and device memory unreadable", "gpu", uuid, "ret", ret)
+		}
+		return 0, false
 	}
 	residual := int64(mem.Used>>20) - known
-	if residual <= 0 {
-		return
+	if residual <= 0 || len(unmeasured) == 0 {
+		return residual, true
 	}
 	pod := procs[unmeasured[0]].Pod
 	for _, i := range unmeasured {
 		if procs[i].Pod != pod {
+			// Not "unattributed" either: those processes hold it (MIG
+			// slices bound each), NVML just does not say how much each.
 			klog.InfoS("per-process GPU memory not available for processes of several pods; not attributed", "gpu", uuid, "unattributedMiB", residual)
-			return
+			return 0, false
 		}
 	}
 	procs[unmeasured[0]].UsedMiB = residual
+	return 0, true
 }
 
 // observe sets the gauges of this pass, including hook-vs-NVML drift.
@@ -490,7 +667,7 @@ func (w *Watcher) hookUsage(pods map[types.UID]Pod, byUID map[types.UID]*corev1.
 func (w *Watcher) act(ctx context.Context, f Finding, pod *corev1.Pod) bool {
 	key := string(f.Pod) + "|" + f.GPU + "|" + f.Kind + "|" + strconv.Itoa(len(f.PIDs))
 	now := w.cfg.Now()
-	enforce := w.cfg.Policy != PolicyWarn && pod != nil && f.Kind != metrics.KindUnknown
+	enforce := w.cfg.Policy != PolicyWarn && pod != nil && f.Kind != metrics.KindUnknown && f.Kind != metrics.KindUnattributed
 	w.mu.Lock()
 	last, seen := w.reported[key]
 	fresh := !seen || now.Sub(last) >= w.cfg.ReportEvery
@@ -505,7 +682,7 @@ func (w *Watcher) act(ctx context.Context, f Finding, pod *corev1.Pod) bool {
 
 	if fresh {
 		w.cfg.Metrics.BypassDetections.WithLabelValues(f.Kind).Inc()
-		reason := map[string]string{metrics.KindOverLimit: ReasonOverLimit, metrics.KindUnassigned: ReasonUnassigned, metrics.KindUnknown: ReasonUnknown}[f.Kind]
+		reason := map[string]string{metrics.KindOverLimit: ReasonOverLimit, metrics.KindUnassigned: ReasonUnassigned, metrics.KindUnknown: ReasonUnknown, metrics.KindUnattributed: ReasonUnattributed, metrics.KindMountOverride: ReasonMountOverride}[f.Kind]
 		if w.cfg.Recorder != nil {
 			if pod != nil {
 				w.cfg.Recorder.Event(pod, corev1.EventTypeWarning, reason, f.Message())

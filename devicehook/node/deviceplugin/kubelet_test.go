@@ -2,6 +2,7 @@ package deviceplugin
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -157,11 +158,49 @@ func TestPluginWithFakeKubelet(t *testing.T) {
 		}
 	})
 
-	t.Run("a pod without a plan gets a clear error", func(t *testing.T) {
+	t.Run("a pod without a plan gets a clear error and an Event", func(t *testing.T) {
 		pods.add(makePod("rogue").Container("main", 1).Obj())
 		_, _, err := kubelet.Allocate(ctx, v1alpha1.ResourceVGPU, 1)
-		if err == nil || !strings.Contains(err.Error(), "no planned pod is waiting for GPUs here") {
+		if err == nil || !strings.Contains(err.Error(), "ns/rogue, which no GPUPlan covers") {
 			t.Fatalf("err = %v, want a clear refusal", err)
+		}
+		if !hasEvent(drain(rec), "Warning NoGPUPlan gpupack-node n1 refuses gpupack.io/vgpu") {
+			t.Error("no NoGPUPlan Event")
+		}
+		pods.mu.Lock()
+		pods.pods = pods.pods[:len(pods.pods)-1]
+		pods.mu.Unlock()
+	})
+
+	// Finding 1: an unplanned pod bound next to a waiting planned pod gets
+	// nothing, and the planned pod's slot is not handed out on a guess.
+	t.Run("an unplanned pod next to a planned one is never handed its slot", func(t *testing.T) {
+		pods.add(makePod("planned").Devices("GPU-b:1000").Container("main", 1).Created(time.Minute).Obj())
+		pods.add(makePod("rogue2").Container("main", 1).Created(2 * time.Minute).Obj())
+		_, _, err := kubelet.Allocate(ctx, v1alpha1.ResourceVGPU, 1)
+		if err == nil || !strings.Contains(err.Error(), "could be for any of ns/planned (planned GPU-b:1000), ns/rogue2 (no plan)") {
+			t.Fatalf("err = %v, want a refusal naming both pods", err)
+		}
+		if _, err := os.Stat(filepath.Join(limitsDir, "uid-planned")); err == nil {
+			t.Error("the planned pod's limits file was written for a refused request")
+		}
+		events := drain(rec)
+		for _, want := range []string{"Warning AmbiguousAllocation gpupack-node n1 refuses gpupack.io/vgpu: refused: 1 gpupack.io/vgpu could be for any of"} {
+			if n := countEvents(events, want); n != 2 {
+				t.Errorf("%d events %q in %q, want one per pod", n, want, events)
+			}
+		}
+		// The kubelet fails the refused pod's admission; the unplanned one
+		// gone, the planned pod gets exactly its own slot.
+		pods.mu.Lock()
+		pods.pods = pods.pods[:len(pods.pods)-1]
+		pods.mu.Unlock()
+		r, _, err := kubelet.Allocate(ctx, v1alpha1.ResourceVGPU, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(r.CdiDevices) != 1 || r.CdiDevices[0].Name != "nvidia.com/gpu=GPU-b" {
+			t.Errorf("CDI devices = %v, want GPU-b", r.CdiDevices)
 		}
 	})
 
@@ -178,11 +217,7 @@ func TestPluginWithFakeKubelet(t *testing.T) {
 		}
 		events := drain(rec)
 		for _, want := range []string{"Warning GPUPlanMismatch gpupack-node n1 refuses gpupack.io/vgpu: pod ns/forged", "Warning GPUPlanMismatch gpupack-node n1 refuses gpupack.io/vgpu: pod ns/liar"} {
-			found := false
-			for _, e := range events {
-				found = found || strings.HasPrefix(e, want)
-			}
-			if !found {
+			if !hasEvent(events, want) {
 				t.Errorf("no event %q in %q", want, events)
 			}
 		}
@@ -244,7 +279,7 @@ func TestUnplannedFreeGPUs(t *testing.T) {
 	ctx := context.Background()
 	holder := makePod("holder").Devices("GPU-a:70000").WholeGPU("main", 1).Started("main").Obj()
 	u1 := makePod("u1").WholeGPU("main", 1).Obj()
-	u2 := makePod("u2").WholeGPU("main", 1).Created(time.Minute).Obj()
+	u2 := makePod("u2").WholeGPU("main", 2).Created(time.Minute).Obj()
 	client := fake.NewSimpleClientset(holder, u1, u2)
 	// A plan (its pod not created yet) reserves GPU-c on this node.
 	reserved := &v1alpha1.GPUPlan{
@@ -321,8 +356,14 @@ func TestUnplannedFreeGPUs(t *testing.T) {
 		t.Error("u2 got the GPU a plan reserves")
 	}
 	// With no unplanned pod waiting, a free GPU is not handed out either.
-	if _, err := alloc(newPlugin(&podSlice{pods: []*corev1.Pod{holder}}), "GPU-b::0"); err == nil || !strings.Contains(err.Error(), "no unplanned pod") {
+	if _, err := alloc(newPlugin(&podSlice{pods: []*corev1.Pod{holder}}), "GPU-b::0"); err == nil || !strings.Contains(err.Error(), "no planned pod is waiting") {
 		t.Errorf("nobody waiting: err = %v", err)
+	}
+	// Two unplanned pods wait for one GPU each: the node cannot tell which
+	// one the kubelet allocates for, so it records nothing on either.
+	u3 := makePod("u3").WholeGPU("main", 1).Created(2 * time.Minute).Obj()
+	if _, err := alloc(newPlugin(&podSlice{pods: []*corev1.Pod{holder, u1, u3}}), "GPU-b::0"); err == nil || !strings.Contains(err.Error(), "could be for any of ns/u1 (no plan), ns/u3 (no plan)") {
+		t.Errorf("two unplanned pods: err = %v, want a refusal naming both", err)
 	}
 	// Without an API client the allocation cannot be recorded: refused.
 	p3 := New(Config{ResourceName: v1alpha1.ResourceNvidiaGPU, NodeName: "n1", Unplanned: UnplannedFreeGPUs, Pods: stale, Plans: plans, AllocateWait: time.Millisecond})
@@ -330,6 +371,18 @@ func TestUnplannedFreeGPUs(t *testing.T) {
 	if _, err := alloc(p3, "GPU-b::0"); err == nil || !strings.Contains(err.Error(), "cannot record") {
 		t.Errorf("no client: err = %v", err)
 	}
+}
+
+func hasEvent(events []string, prefix string) bool { return countEvents(events, prefix) > 0 }
+
+func countEvents(events []string, prefix string) int {
+	n := 0
+	for _, e := range events {
+		if strings.HasPrefix(e, prefix) {
+			n++
+		}
+	}
+	return n
 }
 
 func drain(rec *record.FakeRecorder) []string {
@@ -347,3 +400,24 @@ func drain(rec *record.FakeRecorder) []string {
 var cmpProto = cmp.Comparer(func(a, b *pluginapi.Mount) bool {
 	return a.ContainerPath == b.ContainerPath && a.HostPath == b.HostPath && a.ReadOnly == b.ReadOnly
 })
+
+// TestUnplannedFailsFast (finding 3): a pod no plan covers is answered at
+// once, by GetPreferredAllocation and Allocate alike, instead of holding
+// the kubelet's admission for the informer wait. The wait is an hour here:
+// a plugin that waited would end at the context's deadline instead, with
+// a different error.
+func TestUnplannedFailsFast(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pods := &podSlice{pods: []*corev1.Pod{makePod("rogue").Container("main", 1).Obj()}}
+	p := New(Config{ResourceName: v1alpha1.ResourceVGPU, SlotsPerGPU: 4, NodeName: "n1", Pods: pods, Plans: pods, AllocateWait: time.Hour})
+	p.SetGPUs([]v1alpha1.GPUInfo{{UUID: "GPU-a", Index: 0, MemoryMiB: 81920, Health: "Healthy"}})
+	if _, err := p.GetPreferredAllocation(ctx, &pluginapi.PreferredAllocationRequest{ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{
+		{AvailableDeviceIDs: []string{"GPU-a::0", "GPU-a::1"}, AllocationSize: 1}}}); err != nil {
+		t.Fatalf("GetPreferredAllocation: %v (it waited for a plan that cannot come)", err)
+	}
+	_, err := p.Allocate(ctx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"GPU-a::0"}}}})
+	if err == nil || !errors.Is(err, ErrRefused) || strings.Contains(err.Error(), "gave up") {
+		t.Fatalf("Allocate: err = %v, want an immediate refusal", err)
+	}
+}

@@ -85,18 +85,51 @@ func (c ContextReserve) For(model string) string {
 	return v
 }
 
-// LimitsGPU is one GPU as the container sees it (device ordinal = position).
+// LimitsKeyDeviceUUID is the limits-file key (file only, never an
+// environment variable) naming the GPU that limits index i applies to:
+// GPUPACK_DEVICE_UUID_<i>=GPU-…. With it the hook maps each CUDA device to
+// an index by the UUID the driver reports (cuDeviceGetUuid), so the
+// tenant's CUDA_VISIBLE_DEVICES / CUDA_DEVICE_ORDER cannot make two
+// processes charge one GPU under two indices (issue 14 finding 7). A CUDA
+// device whose UUID is in no such line gets no GPU memory.
+const LimitsKeyDeviceUUID = "GPUPACK_DEVICE_UUID"
+
+// deviceUUIDRe is the form the hook parses (devicehook/src/config.c,
+// gp_parse_uuid): NVML's GPU and (new-style) MIG UUIDs.
+var deviceUUIDRe = regexp.MustCompile(`^(GPU|MIG)-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
+
+// ValidDeviceUUID reports whether the hook can read uuid as a device UUID.
+func ValidDeviceUUID(uuid string) bool { return deviceUUIDRe.MatchString(uuid) }
+
+// LimitsGPU is one GPU of the container: limits index = position.
 type LimitsGPU struct {
-	MemoryMiB int64 // 0 = no memory limit (a whole GPU)
-	Cores     int32 // SM percent; 0 or 100 = no SM limit
+	UUID      string // the GPU (GPUPACK_DEVICE_UUID_<i>); "" = unknown
+	MemoryMiB int64  // 0 = no memory limit (a whole GPU)
+	Cores     int32  // SM percent; 0 or 100 = no SM limit
 }
 
 // RenderLimits writes the file's content. Values come only from the plan
-// and the node's configuration, never from the pod spec.
+// and the node's configuration, never from the pod spec. Each GPU's UUID
+// is written when every GPU has one the hook can read (and no two are the
+// same); otherwise none is, and index i means CUDA device i, as before
+// the UUID keys existed (a UUID missing for one index would refuse that
+// GPU's memory).
 func RenderLimits(gpus []LimitsGPU, reserve string) []byte {
 	var b strings.Builder
 	b.WriteString("# written by gpupack-node from the pod's GPUPlan binding; read-only\n")
+	withUUIDs := len(gpus) > 0
+	seen := map[string]bool{}
+	for _, g := range gpus {
+		key := strings.ToLower(g.UUID[min(4, len(g.UUID)):])
+		if !ValidDeviceUUID(g.UUID) || seen[key] {
+			withUUIDs = false
+		}
+		seen[key] = true
+	}
 	for i, g := range gpus {
+		if withUUIDs {
+			fmt.Fprintf(&b, "%s_%d=%s\n", LimitsKeyDeviceUUID, i, g.UUID)
+		}
 		if g.MemoryMiB > 0 {
 			fmt.Fprintf(&b, "%s_%d=%dm\n", v1alpha1.EnvMemoryLimit, i, g.MemoryMiB)
 		}
@@ -128,6 +161,9 @@ func ParseLimits(b []byte) (map[string]string, error) {
 		if !ok || !knownLimitKey(k) || v == "" || strings.ContainsAny(v, "\r\x00") {
 			return nil, fmt.Errorf("limits file line %d: %q is not KEY=VALUE with a known key", n+1, line)
 		}
+		if strings.HasPrefix(k, LimitsKeyDeviceUUID+"_") && !ValidDeviceUUID(v) {
+			return nil, fmt.Errorf("limits file line %d: %s=%q is not a GPU UUID the hook reads", n+1, k, v)
+		}
 		if _, dup := out[k]; dup {
 			return nil, fmt.Errorf("limits file line %d: %s given twice", n+1, k)
 		}
@@ -141,7 +177,7 @@ func knownLimitKey(k string) bool {
 	case v1alpha1.EnvSharedCache, v1alpha1.EnvContextReserve:
 		return true
 	}
-	for _, p := range []string{v1alpha1.EnvMemoryLimit + "_", v1alpha1.EnvSMLimit + "_"} {
+	for _, p := range []string{v1alpha1.EnvMemoryLimit + "_", v1alpha1.EnvSMLimit + "_", LimitsKeyDeviceUUID + "_"} {
 		if i, ok := strings.CutPrefix(k, p); ok {
 			n, err := strconv.Atoi(i)
 			return err == nil && n >= 0 && n < 64 && strconv.Itoa(n) == i

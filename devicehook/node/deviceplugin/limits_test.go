@@ -125,3 +125,46 @@ func FuzzLimitsRoundTrip(f *testing.F) {
 		}
 	})
 }
+
+// Issue 14 finding 7: every GPU of the container is named by UUID, so the
+// hook keys limits and accounting by GPU, not by the CUDA ordinal the
+// tenant's CUDA_VISIBLE_DEVICES picks; whole GPUs (no limit) too, since a
+// CUDA device whose UUID is in no line gets no memory.
+func TestRenderLimitsNamesEachGPU(t *testing.T) {
+	const a, b = "GPU-a0000000-0000-0000-0000-000000000001", "GPU-A0000000-0000-0000-0000-000000000002"
+	got, err := ParseLimits(RenderLimits([]LimitsGPU{{UUID: a, MemoryMiB: 1000, Cores: 30}, {UUID: b}}, ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		"GPUPACK_DEVICE_UUID_0": a, "CUDA_DEVICE_MEMORY_LIMIT_0": "1000m", "CUDA_DEVICE_SM_LIMIT_0": "30",
+		"GPUPACK_DEVICE_UUID_1":           b,
+		"CUDA_DEVICE_MEMORY_SHARED_CACHE": "/var/run/gpupack/vgpu.cache",
+	}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("(-want +got):\n%s", d)
+	}
+	// A UUID the hook cannot read (old MIG form, a test name), a missing
+	// one, or one GPU twice: no UUID at all (index = CUDA device, as
+	// before), never a partial map that would refuse a GPU of the pod.
+	for _, gpus := range [][]LimitsGPU{
+		{{UUID: a, MemoryMiB: 1000}, {UUID: "MIG-GPU-a0000000-0000-0000-0000-000000000002/1/0", MemoryMiB: 1000}},
+		{{UUID: a, MemoryMiB: 1000}, {MemoryMiB: 1000}},
+		{{UUID: "GPU-a", MemoryMiB: 1000}},
+		{{UUID: a, MemoryMiB: 1000}, {UUID: strings.ToUpper(a), MemoryMiB: 1000}},
+		{{UUID: a, MemoryMiB: 1000}, {UUID: "MIG-" + a[4:], MemoryMiB: 1000}},
+	} {
+		out := RenderLimits(gpus, "")
+		if strings.Contains(string(out), LimitsKeyDeviceUUID) {
+			t.Errorf("RenderLimits(%v) wrote UUIDs:\n%s", gpus, out)
+		}
+		if _, err := ParseLimits(out); err != nil {
+			t.Errorf("RenderLimits(%v): %v", gpus, err)
+		}
+	}
+	for _, bad := range []string{"GPUPACK_DEVICE_UUID_0=GPU-a\n", "GPUPACK_DEVICE_UUID_0=" + a + "x\n", "GPUPACK_DEVICE_UUID=" + a + "\n"} {
+		if _, err := ParseLimits([]byte(bad)); err == nil {
+			t.Errorf("ParseLimits(%q) accepted", bad)
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package deviceplugin
 
 import (
+	"errors"
 	"fmt"
 	"sort"
 	"strconv"
@@ -8,8 +9,10 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
 
 	v1alpha1 "github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
+	"github.com/gpupack/gpupack/devicehook/node/allocorder"
 )
 
 // A slot is one schedulable unit of a GPU: "<uuid>::<n>". With one slot per
@@ -65,18 +68,7 @@ type State struct {
 // gpuContainers lists the containers of pod that request resource, init
 // containers (sidecars included) first, each with its count.
 func gpuContainers(pod *corev1.Pod, resource corev1.ResourceName) (names []string, counts []int) {
-	for _, c := range append(append([]corev1.Container(nil), pod.Spec.InitContainers...), pod.Spec.Containers...) {
-		q, ok := c.Resources.Limits[resource]
-		if !ok {
-			q, ok = c.Resources.Requests[resource]
-		}
-		n := int(q.Value())
-		if !ok || n <= 0 {
-			continue
-		}
-		names, counts = append(names, c.Name), append(counts, n)
-	}
-	return names, counts
+	return allocorder.Requests(pod, resource)
 }
 
 // ContainerChunks splits a pod's planned GPUs among its containers that
@@ -144,14 +136,19 @@ type Refusal struct {
 	Err error
 }
 
-// waiting lists the live, not yet terminating pods on the node that still
-// have a container of resource to start, oldest first.
+// waiting lists the pods bound to the node that still await the kubelet's
+// allocation of resource (allocorder.Awaiting: not admitted yet — a
+// terminating one too, the kubelet may admit it before it sees the
+// deletion), oldest first.
 func waiting(st State, resource corev1.ResourceName) []*corev1.Pod {
 	// Filter first: on a busy node almost every pod is running already, and
 	// only the few waiting ones need sorting and parsing.
 	var out []*corev1.Pod
 	for _, p := range st.Pods {
-		if !live(p, st.Node) || p.DeletionTimestamp != nil || allStarted(p, resource) {
+		if n, ok := allocorder.Awaiting(p); !ok || n != st.Node || p.Spec.NodeName != st.Node || allStarted(p, resource) {
+			continue
+		}
+		if names, _ := gpuContainers(p, resource); len(names) == 0 {
 			continue
 		}
 		out = append(out, p)
@@ -173,6 +170,9 @@ func waiting(st State, resource corev1.ResourceName) []*corev1.Pod {
 func pending(st State, resource corev1.ResourceName) (next []Chunk, bad []Refusal) {
 	for _, p := range waiting(st, resource) {
 		gpus, planned, err := Planned(p, st.Plans, st.Node)
+		if errors.Is(err, ErrBindingNotSeen) {
+			continue // not refused (yet): no Warning while the informer catches up
+		}
 		if err != nil {
 			bad = append(bad, Refusal{p, err})
 			continue
@@ -196,33 +196,155 @@ func pending(st State, resource corev1.ResourceName) (next []Chunk, bad []Refusa
 	return next, bad
 }
 
-// Match finds the container an Allocate request is for: the oldest pending
-// chunk whose planned GPUs are exactly the GPUs of the slots the kubelet
-// picked. GetPreferredAllocation steers the kubelet to those slots; when it
-// did not (or no plan exists), Match fails with a message naming what it
-// saw instead of guessing. The refusals are returned too, so the caller
-// can tell the refused pods (an Event) why.
-func Match(slotIDs []string, st State, resource corev1.ResourceName) (Chunk, []Refusal, error) {
-	gpus, err := slotGPUs(slotIDs)
-	if err != nil {
-		return Chunk{}, nil, err
-	}
-	next, bad := pending(st, resource)
-	for _, c := range next {
-		if len(c.Devices) != len(slotIDs) || len(c.Devices) != len(gpus) {
+// nextRequest returns the name and count of pod's next container that
+// requests resource and that neither this process allocated (allocated
+// counts them, in spec order) nor the kubelet started before.
+func nextRequest(pod *corev1.Pod, resource corev1.ResourceName, allocated int) (string, int, bool) {
+	names, counts := gpuContainers(pod, resource)
+	n := 0
+	for i, name := range names {
+		if started(pod, name) {
 			continue
 		}
-		ok := true
-		for _, d := range c.Devices {
-			ok = ok && gpus[d.UUID]
+		if n == allocated {
+			return name, counts[i], true
+		}
+		n++
+	}
+	return "", 0, false
+}
+
+// Candidate is a waiting pod an Allocate request could be for: its next
+// container asks for as many devices as the request holds. Chunk is set
+// for a planned pod; Err for a pod the node refuses (a plan it cannot
+// confirm); neither for a pod no plan covers.
+type Candidate struct {
+	Pod   *corev1.Pod
+	Chunk *Chunk
+	Err   error
+}
+
+// Candidates lists, oldest first, every waiting pod whose next container
+// asks for size devices of resource. The kubelet does not say which pod an
+// Allocate is for, so each of them could be the one.
+func Candidates(st State, resource corev1.ResourceName, size int) []Candidate {
+	next, bad := pending(st, resource)
+	chunks := map[types.UID]Chunk{}
+	for _, c := range next {
+		chunks[c.PodUID] = c
+	}
+	refused := map[types.UID]error{}
+	for _, r := range bad {
+		refused[r.Pod.UID] = r.Err
+	}
+	var out []Candidate
+	for _, p := range waiting(st, resource) {
+		if c, ok := chunks[p.UID]; ok {
+			if len(c.Devices) == size {
+				out = append(out, Candidate{Pod: p, Chunk: &c})
+			}
+			continue
+		}
+		_, n, ok := nextRequest(p, resource, st.Allocated[p.UID])
+		if !ok || n != size {
+			continue
+		}
+		if err, isBad := refused[p.UID]; isBad {
+			out = append(out, Candidate{Pod: p, Err: err})
+			continue
+		}
+		if _, planned, _ := Planned(p, st.Plans, st.Node); planned {
+			continue // planned, but nothing left to allocate
+		}
+		out = append(out, Candidate{Pod: p})
+	}
+	return out
+}
+
+// ErrRefused marks a Match failure that waiting cannot cure: the request
+// could be for a pod that has no plan, or for pods of more than one
+// namespace. Allocate answers it at once.
+var ErrRefused = errors.New("refused")
+
+// Decision is what Match decided besides the chunk: the pods to tell why
+// they were refused (an Event each), and the one unplanned pod an
+// unplanned allocation may be for.
+type Decision struct {
+	Bad []Refusal
+	// Ambiguous are the candidates of a request Match would not guess between.
+	Ambiguous []Candidate
+	// Unplanned is the only candidate, a pod no plan covers (nil otherwise).
+	Unplanned *corev1.Pod
+}
+
+// Match finds the container an Allocate request is for. The kubelet does
+// not name the pod, so Match never guesses where a wrong guess would
+// hand one pod's slot to another:
+//
+//   - when the request could be for a pod no plan covers (or whose plan
+//     the node cannot confirm) and for any other pod, it refuses;
+//   - when it could be for two or more planned pods — of one namespace or
+//     of several — it refuses: served in the other order they would swap
+//     slots (GPUs, limits file, accounting folder), and the plan bindings
+//     the check and the watcher count would then be wrong. The placement
+//     ungater keeps this from happening (allocorder.Blocking: one pod per
+//     node and request size awaits its allocation at a time); a refusal
+//     here is the backstop;
+//   - otherwise it takes the one planned candidate, if its planned GPUs
+//     are exactly the GPUs of the slots the kubelet picked
+//     (GetPreferredAllocation steers the kubelet there).
+//
+// A request whose only candidate has no plan fails with ErrRefused (no
+// wait) and names the pod in the Decision, for the unplanned policy.
+func Match(slotIDs []string, st State, resource corev1.ResourceName) (Chunk, Decision, error) {
+	gpus, err := slotGPUs(slotIDs)
+	if err != nil {
+		return Chunk{}, Decision{}, err
+	}
+	_, bad := pending(st, resource)
+	d := Decision{Bad: bad}
+	cands := Candidates(st, resource, len(slotIDs))
+	var planned, other []Candidate
+	for _, c := range cands {
+		if c.Chunk != nil {
+			planned = append(planned, c)
+		} else {
+			other = append(other, c)
+		}
+	}
+	switch {
+	case len(other) > 0 && len(cands) > 1, len(planned) > 1:
+		d.Ambiguous = cands
+		msg := fmt.Sprintf("%d %s could be for any of %s (the kubelet does not say which pod it allocates for, and handing one pod's slot to another is not safe); refusing rather than guessing", len(slotIDs), resource, describe(cands))
+		for _, c := range cands {
+			if c.Err != nil {
+				msg += "; refused: " + c.Err.Error()
+			}
+		}
+		return Chunk{}, d, fmt.Errorf("%w: %s", ErrRefused, msg)
+	case len(other) == 1:
+		c := other[0]
+		if c.Err == nil {
+			d.Unplanned = c.Pod
+			return Chunk{}, d, fmt.Errorf("%w: the only pod on node %s waiting for %d %s is %s, which no GPUPlan covers (the pod was not placed by gpupack's admission check: give it a plan, or request GPUs without gpupack)", ErrRefused, st.Node, len(slotIDs), resource, klog.KObj(c.Pod))
+		}
+		if errors.Is(c.Err, ErrBindingNotSeen) {
+			return Chunk{}, d, c.Err // not final: Allocate waits for the informer
+		}
+		return Chunk{}, d, fmt.Errorf("%w: %s", ErrRefused, c.Err)
+	}
+	for _, c := range planned {
+		ok := len(c.Chunk.Devices) == len(gpus)
+		for _, dev := range c.Chunk.Devices {
+			ok = ok && gpus[dev.UUID]
 		}
 		if ok {
-			return c, bad, nil
+			return *c.Chunk, d, nil
 		}
 	}
 	var names []string
-	for _, c := range next {
-		names = append(names, fmt.Sprintf("%s container %s → %s", c.Pod, c.Container, formatGPUs(c.Devices)))
+	for _, c := range planned {
+		names = append(names, fmt.Sprintf("%s container %s → %s", c.Chunk.Pod, c.Chunk.Container, formatGPUs(c.Chunk.Devices)))
 	}
 	msg := fmt.Sprintf("no pod planned on node %s has GPUs %v for a container requesting %d %s", st.Node, sortedKeys(gpus), len(slotIDs), resource)
 	if len(names) == 0 {
@@ -233,7 +355,23 @@ func Match(slotIDs []string, st State, resource corev1.ResourceName) (Chunk, []R
 	for _, r := range bad {
 		msg += "; refused: " + r.Err.Error()
 	}
-	return Chunk{}, bad, fmt.Errorf("%s", msg)
+	return Chunk{}, d, fmt.Errorf("%s", msg)
+}
+
+// describe names candidates for messages: "ns/a (GPUPlan …), ns/b (no plan)".
+func describe(cands []Candidate) string {
+	parts := make([]string, 0, len(cands))
+	for _, c := range cands {
+		what := "no plan"
+		switch {
+		case c.Chunk != nil:
+			what = "planned " + formatGPUs(c.Chunk.Devices)
+		case c.Err != nil:
+			what = "plan not confirmed"
+		}
+		parts = append(parts, fmt.Sprintf("%s (%s)", klog.KObj(c.Pod), what))
+	}
+	return strings.Join(parts, ", ")
 }
 
 // Held returns the GPUs of the node that someone holds: every slot on the

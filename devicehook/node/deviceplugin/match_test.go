@@ -1,6 +1,7 @@
 package deviceplugin
 
 import (
+	"errors"
 	"strconv"
 	"strings"
 	"testing"
@@ -125,7 +126,23 @@ func (b *podBuilder) Started(container string) *podBuilder {
 }
 func (b *podBuilder) Obj() *corev1.Pod { return b.p }
 
+// Admitted: the kubelet admitted the pod (and so allocated its devices).
+func (b *podBuilder) Admitted() *podBuilder {
+	st := metav1.NewTime(t0)
+	b.p.Status.StartTime = &st
+	return b
+}
+
+// Deleting: deletionTimestamp set.
+func (b *podBuilder) Deleting() *podBuilder {
+	d := metav1.NewTime(t0)
+	b.p.DeletionTimestamp = &d
+	return b
+}
+
 func slots(ids ...string) []string { return ids }
+
+func inNS(b *podBuilder, ns string) *corev1.Pod { b.p.Namespace = ns; return b.p }
 
 func TestSlotGPU(t *testing.T) {
 	cases := []struct {
@@ -169,14 +186,43 @@ func TestMatch(t *testing.T) {
 			"no pod planned on node n1 has GPUs [G1 G3] for a container requesting 2 gpupack.io/vgpu; waiting: ns/a container main → G1:20000,G2:20000"},
 		{"two slots of one GPU do not make two GPUs", slots("G1::0", "G1::1"), []*corev1.Pod{planned}, nil, Chunk{}, "no pod planned"},
 		{"unplanned pod", slots("G7::0"), []*corev1.Pod{makePod("plain").Container("main", 1).Obj()}, nil, Chunk{},
-			"no planned pod is waiting for GPUs here"},
+			"refused: the only pod on node n1 waiting for 1 gpupack.io/vgpu is ns/plain, which no GPUPlan covers"},
+		// Finding 1: an unplanned pod scheduled next to a planned one must
+		// not be handed the planned pod's slot (GetPreferredAllocation
+		// steers every request of that size to the planned GPUs).
+		{"unplanned pod next to a planned one, older", slots("G1::0"), []*corev1.Pod{older, makePod("plain").Container("main", 1).Created(-time.Hour).Obj()}, nil, Chunk{},
+			"refused: 1 gpupack.io/vgpu could be for any of ns/plain (no plan), ns/old (planned G1:10000)"},
+		{"unplanned pod next to a planned one, newer", slots("G1::0"), []*corev1.Pod{older, makePod("plain").Container("main", 1).Created(time.Hour).Obj()}, nil, Chunk{},
+			"refused: 1 gpupack.io/vgpu could be for any of ns/old (planned G1:10000), ns/plain (no plan)"},
+		{"refused pod next to a planned one", slots("G1::0"), []*corev1.Pod{older, makePod("forged").Forged("G1:70000").Container("main", 1).Obj()}, nil, Chunk{},
+			"could be for any of ns/old (planned G1:10000), ns/forged (plan not confirmed)"},
+		{"unplanned pod of another size does not block", slots("G1::0"), []*corev1.Pod{older, makePod("plain").Container("main", 2).Obj()}, nil,
+			Chunk{Pod: types.NamespacedName{Namespace: "ns", Name: "old"}, PodUID: "uid-old", Container: "main",
+				Devices: []v1alpha1.GPUAssignment{ga("G1", 10000)}}, ""},
+		{"unplanned pod that already runs does not block", slots("G1::0"), []*corev1.Pod{older, makePod("plain").Container("main", 1).Started("main").Obj()}, nil,
+			Chunk{Pod: types.NamespacedName{Namespace: "ns", Name: "old"}, PodUID: "uid-old", Container: "main",
+				Devices: []v1alpha1.GPUAssignment{ga("G1", 10000)}}, ""},
+		{"planned pods of two namespaces", slots("G1::0"), []*corev1.Pod{older, inNS(makePod("other").Devices("G2:5000").Container("main", 1), "team-b")}, nil, Chunk{},
+			"refused: 1 gpupack.io/vgpu could be for any of ns/old (planned G1:10000), team-b/other (planned G2:5000)"},
+		{"two namespaces, other sizes", slots("G1::0"), []*corev1.Pod{older, inNS(makePod("other").Devices("G2:5000,G3:5000").Container("main", 2), "team-b")}, nil,
+			Chunk{Pod: types.NamespacedName{Namespace: "ns", Name: "old"}, PodUID: "uid-old", Container: "main",
+				Devices: []v1alpha1.GPUAssignment{ga("G1", 10000)}}, ""},
 		{"already allocated", slots("G1::0", "G2::0"), []*corev1.Pod{planned}, map[types.UID]int{"uid-a": 1}, Chunk{}, "no planned pod is waiting"},
 		{"started before agent restart", slots("G1::0", "G2::0"), []*corev1.Pod{makePod("a").Devices("G1:1,G2:1").Container("main", 2).Started("main").Obj()}, nil, Chunk{}, "no planned pod is waiting"},
 		{"other node", slots("G1::0", "G2::0"), []*corev1.Pod{makePod("a").Devices("G1:1,G2:1").Container("main", 2).Node("n2").Obj()}, nil, Chunk{}, "no planned pod is waiting"},
 		{"finished pod", slots("G1::0", "G2::0"), []*corev1.Pod{makePod("a").Devices("G1:1,G2:1").Container("main", 2).Phase(corev1.PodSucceeded).Obj()}, nil, Chunk{}, "no planned pod is waiting"},
-		{"oldest of two on one GPU", slots("G1::4"), []*corev1.Pod{newer, older}, nil,
+		// Finding 2: two planned pods of one namespace with the same request
+		// size cannot be told apart; served oldest-first they swapped slots
+		// when the kubelet admitted the newer one first.
+		{"two planned pods of one namespace, one GPU", slots("G1::4"), []*corev1.Pod{newer, older}, nil, Chunk{},
+			"refused: 1 gpupack.io/vgpu could be for any of ns/old (planned G1:10000), ns/new (planned G1:30000)"},
+		{"two planned pods of one namespace, other GPUs", slots("G2::0"), []*corev1.Pod{older, makePod("o2").Devices("G2:5000").Container("main", 1).Obj()}, nil, Chunk{},
+			"refused: 1 gpupack.io/vgpu could be for any of ns/old (planned G1:10000), ns/o2 (planned G2:5000)"},
+		{"a pod the kubelet admitted does not count (agent restarted while it pulls its image)", slots("G1::4"), []*corev1.Pod{makePod("new").Devices("G1:30000").Container("main", 1).Admitted().Obj(), older}, nil,
 			Chunk{Pod: types.NamespacedName{Namespace: "ns", Name: "old"}, PodUID: "uid-old", Container: "main",
 				Devices: []v1alpha1.GPUAssignment{ga("G1", 10000)}}, ""},
+		{"a terminating pod the kubelet has not admitted still could be the one", slots("G1::4"), []*corev1.Pod{makePod("new").Devices("G1:30000").Container("main", 1).Deleting().Obj(), older}, nil, Chunk{},
+			"refused: 1 gpupack.io/vgpu could be for any of ns/old (planned G1:10000), ns/new (planned G1:30000)"},
 		{"then the newer", slots("G1::5"), []*corev1.Pod{newer, older}, map[types.UID]int{"uid-old": 1},
 			Chunk{Pod: types.NamespacedName{Namespace: "ns", Name: "new"}, PodUID: "uid-new", Container: "main",
 				Devices: []v1alpha1.GPUAssignment{ga("G1", 30000)}}, ""},
@@ -215,6 +261,26 @@ func TestMatch(t *testing.T) {
 				t.Errorf("(-want +got):\n%s", d)
 			}
 		})
+	}
+}
+
+// TestMatchDecision: what the plugin is told besides the error — the one
+// unplanned pod (served or refused by policy, told by an Event), or every
+// candidate of an ambiguous request.
+func TestMatchDecision(t *testing.T) {
+	planned := makePod("a").Devices("G1:1000").Container("main", 1).Obj()
+	plain := makePod("plain").Container("main", 1).Created(time.Minute).Obj()
+	_, d, err := Match(slots("G1::0"), stateOf(nil, plain), vgpu)
+	if !errors.Is(err, ErrRefused) || d.Unplanned != plain || len(d.Ambiguous) != 0 {
+		t.Errorf("only an unplanned pod: err = %v, decision = %+v; want ErrRefused naming it", err, d)
+	}
+	_, d, err = Match(slots("G1::0"), stateOf(nil, planned, plain), vgpu)
+	if !errors.Is(err, ErrRefused) || d.Unplanned != nil || len(d.Ambiguous) != 2 {
+		t.Errorf("planned + unplanned: err = %v, decision = %+v; want ErrRefused with both candidates", err, d)
+	}
+	_, _, err = Match(slots("G1::0"), stateOf(nil), vgpu)
+	if err == nil || errors.Is(err, ErrRefused) {
+		t.Errorf("nobody waiting: err = %v; want a retriable error (the informer may lag)", err)
 	}
 }
 
@@ -273,6 +339,30 @@ func BenchmarkMatch(b *testing.B) {
 	for b.Loop() {
 		if _, _, err := Match([]string{"G3::1", "G5::2"}, st, vgpu); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// A pod that names its plan (Kueue wrote gpupack.io/plan) and carries the
+// ungater's devices, but whose binding the plan informer does not show
+// yet, is not refused for good: Allocate waits for the informer. The same
+// annotation without a plan name is refused at once (a tenant cannot make
+// the kubelet wait), and neither is ever served without the binding.
+func TestBindingNotSeenYetIsNotFinal(t *testing.T) {
+	lagging := makePod("lagging").Forged("G1:20000").Container("main", 1).Obj()
+	lagging.Annotations[v1alpha1.AnnotationPlan] = "plan-lagging"
+	forged := makePod("forged").Forged("G1:20000").Container("main", 1).Obj()
+	for _, tc := range []struct {
+		pod     *corev1.Pod
+		refused bool
+	}{{lagging, false}, {forged, true}} {
+		st := State{Node: "n1", Pods: []*corev1.Pod{tc.pod}, Plans: planFor(tc.pod)}
+		_, _, err := Match(slots("G1::0"), st, v1alpha1.ResourceVGPU)
+		if err == nil {
+			t.Fatalf("%s: served without a binding", tc.pod.Name)
+		}
+		if errors.Is(err, ErrRefused) != tc.refused {
+			t.Errorf("%s: err %v, refused (final) = %v, want %v", tc.pod.Name, err, errors.Is(err, ErrRefused), tc.refused)
 		}
 	}
 }

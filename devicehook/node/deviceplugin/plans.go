@@ -1,6 +1,7 @@
 package deviceplugin
 
 import (
+	"errors"
 	"fmt"
 	"sort"
 
@@ -84,6 +85,12 @@ func BindingOf(pod *corev1.Pod, plans []*v1alpha1.GPUPlan) (Binding, bool) {
 // and that carries no annotation (an unplanned pod). err is set when the
 // pod cannot be served: annotation without a binding, a binding on another
 // node, or an annotation that disagrees with the binding.
+// ErrBindingNotSeen marks a pod that names its GPUPlan (gpupack.io/plan,
+// which only Kueue writes, from the check's podSetUpdates) and carries
+// devices, but whose binding this node's informer does not show yet: a
+// moment's wait may cure it, unlike a pod no plan names.
+var ErrBindingNotSeen = errors.New("plan binding not seen yet")
+
 func Planned(pod *corev1.Pod, plans []*v1alpha1.GPUPlan, node string) ([]v1alpha1.GPUAssignment, bool, error) {
 	s, annotated := pod.Annotations[v1alpha1.AnnotationDevices]
 	b, bound := BindingOf(pod, plans)
@@ -94,6 +101,11 @@ func Planned(pod *corev1.Pod, plans []*v1alpha1.GPUPlan, node string) ([]v1alpha
 	case !bound:
 		if pod.Annotations[AnnotationAllocatedBy] == AllocatedByValue(node) {
 			return nil, false, nil // an unplanned whole-GPU pod this node recorded
+		}
+		if pod.Annotations[v1alpha1.AnnotationPlan] != "" {
+			// Placed by the ungater, which binds the slot in the plan's
+			// status first: the plan informer may lag the pod informer.
+			return nil, true, fmt.Errorf("%w: pod %s: %s=%q but no GPUPlan (it names %s) binds pod UID %s yet (the annotation alone is not trusted)", ErrBindingNotSeen, key, v1alpha1.AnnotationDevices, s, pod.Annotations[v1alpha1.AnnotationPlan], pod.UID)
 		}
 		return nil, true, fmt.Errorf("pod %s: %s=%q but no GPUPlan binds pod UID %s (the annotation alone is not trusted)", key, v1alpha1.AnnotationDevices, s, pod.UID)
 	case b.Node != node:

@@ -15,6 +15,7 @@ package deviceplugin
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -79,6 +80,11 @@ type Config struct {
 	// <CacheHostDir>/<pod-uid>/<container> (its own, nobody else's) at
 	// CacheMountPath. "" mounts none.
 	CacheHostDir string
+	// AccountingRegionBytes > 0 mounts a tmpfs of about that size (the
+	// hook's region) on each container's accounting dir before Allocate
+	// answers, and fails the Allocate when it cannot; 0 leaves it an
+	// unbounded host folder (accounting.go).
+	AccountingRegionBytes int64
 	// LimitsDir is the host root of the trusted limits files
 	// (<LimitsDir>/<pod-uid>/<container>/limits, mounted read-only at
 	// LimitsMountPath). "" writes none.
@@ -101,7 +107,19 @@ type Config struct {
 	Plans          PlanLister
 	// Client records unplanned whole-GPU allocations on the pod; nil
 	// refuses them (they could not be made durable).
-	Client   kubernetes.Interface
+	Client kubernetes.Interface
+	// FreshPlans reads every GPUPlan from the API server itself (not from
+	// the informer). An unplanned allocation, once recorded on its pod, is
+	// refused if a plan the informer has not shown yet names one of its
+	// GPUs on this node: the check may have planned that GPU before it saw
+	// the record. nil skips that read (the Ledger still keeps a planned
+	// pod off a GPU an unplanned one holds).
+	FreshPlans func(ctx context.Context) ([]*v1alpha1.GPUPlan, error)
+	// Ledger is shared by the node's device plugins (one per resource, the
+	// same GPUs): it serialises their decisions and remembers the node's
+	// unplanned allocations until the pod informer shows them. nil: a
+	// ledger of this plugin's own.
+	Ledger   *Ledger
 	Recorder record.EventRecorder
 	// AllocateWait bounds how long Allocate waits for the pod to show up in
 	// the lister (the informer may lag the binding by a moment).
@@ -125,10 +143,8 @@ type Plugin struct {
 	allocated map[types.UID]int
 	// refused remembers pods already told (an Event) why they are refused.
 	refused map[types.UID]bool
-	// recent are GPUs this process recorded for unplanned pods, held until
-	// the pod lister shows the pod's annotation (or the pod is gone).
-	recent      map[string]types.UID
-	unplannedMu sync.Mutex
+	// toldUnsafe remembers "<uid>/<reason>" Events of unsafe requests.
+	toldUnsafe map[string]bool
 	// Registrations counts successful registrations (tests, metrics).
 	registrations int
 }
@@ -159,8 +175,59 @@ func New(cfg Config) *Plugin {
 	if cfg.AllocatableMiB == nil {
 		cfg.AllocatableMiB = func(m int64) int64 { return m }
 	}
+	if cfg.Ledger == nil {
+		cfg.Ledger = NewLedger()
+	}
 	return &Plugin{cfg: cfg, changed: make(chan struct{}), allocated: map[types.UID]int{}, index: map[string]int{},
-		info: map[string]v1alpha1.GPUInfo{}, refused: map[types.UID]bool{}, recent: map[string]types.UID{}}
+		info: map[string]v1alpha1.GPUInfo{}, refused: map[types.UID]bool{}, toldUnsafe: map[string]bool{}}
+}
+
+// Ledger is what one node's device plugins share. Every Allocate decision
+// of the node is made under its lock, from a fresh read of the listers, so
+// a planned allocation and an unplanned one never both take a GPU: the
+// kubelet keeps each resource's slots apart, but gpupack.io/vgpu and
+// nvidia.com/gpu are two resources over the same GPUs.
+type Ledger struct {
+	mu sync.Mutex
+	// recent are GPUs this process recorded for unplanned pods, held until
+	// the pod lister shows the pod's annotation (or the pod is gone).
+	recent map[string]types.UID
+}
+
+// NewLedger returns an empty ledger.
+func NewLedger() *Ledger { return &Ledger{recent: map[string]types.UID{}} }
+
+// unplannedHolder returns an error naming the unplanned allocation that
+// holds one of c's GPUs: one this node recorded on another live pod
+// (gpupack.io/allocated-by), or one this process made that the pod lister
+// does not show yet. Call with l.mu held.
+func (l *Ledger) unplannedHolder(c Chunk, st State) error {
+	livePods := map[types.UID]*corev1.Pod{}
+	for _, pod := range st.Pods {
+		if live(pod, st.Node) {
+			livePods[pod.UID] = pod
+		}
+	}
+	for _, d := range c.Devices {
+		if uid, ok := l.recent[d.UUID]; ok && uid != c.PodUID && livePods[uid] != nil {
+			return fmt.Errorf("%w: GPU %s is held by pod %s, an unplanned whole-GPU allocation of this node; %s's plan names it (the check planned it before it counted that allocation): the GPU is not shared with it", ErrRefused, d.UUID, klog.KObj(livePods[uid]), c.Pod)
+		}
+		for uid, pod := range livePods {
+			if uid == c.PodUID || pod.Annotations[AnnotationAllocatedBy] != AllocatedByValue(st.Node) {
+				continue
+			}
+			devs, err := v1alpha1.ParseDevices(pod.Annotations[v1alpha1.AnnotationDevices])
+			if err != nil {
+				continue
+			}
+			for _, dev := range devs {
+				if dev.UUID == d.UUID {
+					return fmt.Errorf("%w: GPU %s is held by pod %s, an unplanned whole-GPU allocation of this node; %s's plan names it (the check planned it before it counted that allocation): the GPU is not shared with it", ErrRefused, d.UUID, klog.KObj(pod), c.Pod)
+				}
+			}
+		}
+	}
+	return nil
 }
 
 // SetGPUs replaces the advertised GPUs (health included); ListAndWatch
@@ -281,20 +348,24 @@ func (p *Plugin) GetPreferredAllocation(ctx context.Context, req *pluginapi.Pref
 	return resp, nil
 }
 
-// waitForPlan reports whether some container request has no pending planned
-// chunk of its size yet.
+// waitForPlan reports whether some container request has no waiting pod
+// of its size yet, or one that names a plan (gpupack.io/plan) the informer
+// does not show bound to it yet: the informers may lag the binding. A pod
+// that names no plan counts as answered: its request is answered at once,
+// not after a wait.
 func (p *Plugin) waitForPlan(st State, req *pluginapi.PreferredAllocationRequest) bool {
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	st.Allocated = p.allocated
-	next, _ := pending(st, corev1.ResourceName(p.cfg.ResourceName))
-	p.mu.Unlock()
 	for _, cr := range req.ContainerRequests {
-		found := false
-		for _, c := range next {
-			found = found || len(c.Devices) == int(cr.AllocationSize)
-		}
-		if !found {
+		cs := Candidates(st, corev1.ResourceName(p.cfg.ResourceName), int(cr.AllocationSize))
+		if len(cs) == 0 {
 			return true
+		}
+		for _, c := range cs {
+			if c.Chunk == nil && (c.Err == nil || errors.Is(c.Err, ErrBindingNotSeen)) && c.Pod.Annotations[v1alpha1.AnnotationPlan] != "" {
+				return true
+			}
 		}
 	}
 	return false
@@ -319,22 +390,43 @@ func (p *Plugin) Allocate(ctx context.Context, req *pluginapi.AllocateRequest) (
 const (
 	ReasonPlanMismatch = "GPUPlanMismatch"
 	ReasonUnplanned    = "UnplannedGPUAllocated"
+	// ReasonNoPlan: a pod no GPUPlan covers asked for GPUs the node serves
+	// only by plan (it was refused at once).
+	ReasonNoPlan = "NoGPUPlan"
+	// ReasonAmbiguous: the kubelet's request could have been for this pod
+	// or for another one, and the node does not guess.
+	ReasonAmbiguous = "AmbiguousAllocation"
+	// ReasonHeldUnplanned: the pod's plan names a GPU an unplanned
+	// whole-GPU allocation of the node holds (the check planned it before
+	// it counted that allocation); the GPU is not shared.
+	ReasonHeldUnplanned = "GPUHeldUnplanned"
 )
 
 func (p *Plugin) allocateOne(ctx context.Context, ids []string) (*pluginapi.ContainerAllocateResponse, error) {
 	deadline := time.Now().Add(p.cfg.AllocateWait)
 	res := corev1.ResourceName(p.cfg.ResourceName)
 	for {
+		// One decision at a time on the node, from a read made under the
+		// lock: what an earlier decision saw, this one sees too.
+		p.cfg.Ledger.mu.Lock()
 		st, err := p.state()
 		if err != nil {
+			p.cfg.Ledger.mu.Unlock()
 			return nil, err
 		}
 		p.mu.Lock()
 		st.Allocated = p.allocated
-		chunk, bad, err := Match(ids, st, res)
+		chunk, dec, err := Match(ids, st, res)
 		if err == nil {
+			if herr := p.cfg.Ledger.unplannedHolder(chunk, st); herr != nil {
+				p.mu.Unlock()
+				p.cfg.Ledger.mu.Unlock()
+				p.tellHeld(chunk, herr)
+				return nil, fmt.Errorf("gpupack-node %s: %w", p.cfg.ResourceName, herr)
+			}
 			p.allocated[chunk.PodUID]++
 			p.mu.Unlock()
+			p.cfg.Ledger.mu.Unlock()
 			r, err := p.response(chunk)
 			if err != nil {
 				p.mu.Lock()
@@ -347,24 +439,66 @@ func (p *Plugin) allocateOne(ctx context.Context, ids []string) (*pluginapi.Cont
 			return r, nil
 		}
 		p.mu.Unlock()
-		p.tellRefused(bad)
-		if p.cfg.Unplanned == UnplannedFreeGPUs {
-			r, ok, uerr := p.unplanned(ctx, ids, st)
+		var (
+			r    *pluginapi.ContainerAllocateResponse
+			ok   bool
+			uerr error
+		)
+		if p.cfg.Unplanned == UnplannedFreeGPUs && dec.Unplanned != nil {
+			r, ok, uerr = p.unplanned(ctx, ids, st, dec.Unplanned)
+		}
+		p.cfg.Ledger.mu.Unlock()
+		p.tellRefused(dec.Bad)
+		if p.cfg.Unplanned == UnplannedFreeGPUs && dec.Unplanned != nil {
 			if ok {
 				p.cfg.Metrics.PluginAllocations.WithLabelValues(p.cfg.ResourceName, "unplanned").Inc()
 				return r, nil
 			}
-			if uerr != nil {
-				err = fmt.Errorf("%w; unplanned: %v", err, uerr)
-			}
+			err = fmt.Errorf("%w; unplanned: %v", err, uerr)
+		} else {
+			p.tellUnsafe(dec, err)
 		}
-		if time.Now().After(deadline) {
+		// A refusal is final: the pods that make it are there, and the
+		// kubelet, which allocates one pod at a time, will not change them
+		// while it waits for this answer. Only "nobody waits" may be an
+		// informer that has not seen the pod yet.
+		if errors.Is(err, ErrRefused) || time.Now().After(deadline) {
 			return nil, fmt.Errorf("gpupack-node %s: %w", p.cfg.ResourceName, err)
 		}
 		select {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("gpupack-node %s: %w (gave up: %v)", p.cfg.ResourceName, err, ctx.Err())
 		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// tellUnsafe raises one Warning Event per pod a refused request could have
+// been for: the unplanned pod (NoGPUPlan), or every candidate of an
+// ambiguous request (AmbiguousAllocation), naming the others.
+func (p *Plugin) tellUnsafe(dec Decision, err error) {
+	var pods []*corev1.Pod
+	reason := ReasonAmbiguous
+	switch {
+	case dec.Unplanned != nil:
+		pods, reason = []*corev1.Pod{dec.Unplanned}, ReasonNoPlan
+	case len(dec.Ambiguous) > 0:
+		for _, c := range dec.Ambiguous {
+			pods = append(pods, c.Pod)
+		}
+	}
+	for _, pod := range pods {
+		key := string(pod.UID) + "/" + reason
+		p.mu.Lock()
+		told := p.toldUnsafe[key]
+		p.toldUnsafe[key] = true
+		p.mu.Unlock()
+		if told {
+			continue
+		}
+		klog.ErrorS(err, "refusing an Allocate", "pod", klog.KObj(pod), "reason", reason)
+		if p.cfg.Recorder != nil {
+			p.cfg.Recorder.Eventf(pod, corev1.EventTypeWarning, reason, "gpupack-node %s refuses %s: %v", p.cfg.NodeName, p.cfg.ResourceName, err)
 		}
 	}
 }
@@ -386,20 +520,19 @@ func (p *Plugin) tellRefused(bad []Refusal) {
 	}
 }
 
-// unplanned serves a whole-GPU request no plan covers, when none of the
-// chosen GPUs is held by a plan, a pod, or an earlier unplanned allocation,
-// and records it durably first: the pod it is for (the oldest waiting
-// unplanned pod whose next container asks for that many GPUs) gets
-// gpupack.io/devices with each GPU's whole allocatable MiB and
-// gpupack.io/allocated-by, so the check counts the GPUs and a restarted
-// agent still sees them held. ok is false with a reason when it cannot.
-func (p *Plugin) unplanned(ctx context.Context, ids []string, st State) (*pluginapi.ContainerAllocateResponse, bool, error) {
+// unplanned serves a whole-GPU request no plan covers for pod (Match found
+// it the only pod the request can be for), when none of the chosen GPUs is
+// held by a plan, a pod, or an earlier unplanned allocation, and records it
+// durably first: the pod gets gpupack.io/devices with each GPU's whole
+// allocatable MiB and gpupack.io/allocated-by, so the check counts the
+// GPUs and a restarted agent still sees them held. ok is false with a
+// reason when it cannot.
+func (p *Plugin) unplanned(ctx context.Context, ids []string, st State, pod *corev1.Pod) (*pluginapi.ContainerAllocateResponse, bool, error) {
 	gpus, err := slotGPUs(ids)
 	if err != nil || len(gpus) != len(ids) {
 		return nil, false, err
 	}
-	p.unplannedMu.Lock()
-	defer p.unplannedMu.Unlock()
+	// The caller holds p.cfg.Ledger.mu.
 	held := Held(st)
 	livePods := map[types.UID]bool{}
 	for _, pod := range st.Pods {
@@ -407,15 +540,17 @@ func (p *Plugin) unplanned(ctx context.Context, ids []string, st State) (*plugin
 			livePods[pod.UID] = true
 		}
 	}
-	p.mu.Lock()
-	for g, uid := range p.recent {
+	recent := p.cfg.Ledger.recent
+	for g, uid := range recent {
 		if !livePods[uid] {
-			delete(p.recent, g)
+			delete(recent, g)
 			continue
 		}
 		held[g] = true
 	}
+	p.mu.Lock()
 	index, info := p.index, p.info
+	container, n, found := nextRequest(pod, corev1.ResourceName(p.cfg.ResourceName), p.allocated[pod.UID])
 	p.mu.Unlock()
 	for g := range gpus {
 		if held[g] {
@@ -425,35 +560,8 @@ func (p *Plugin) unplanned(ctx context.Context, ids []string, st State) (*plugin
 			return nil, false, fmt.Errorf("GPU %s is not on this node", g)
 		}
 	}
-	res := corev1.ResourceName(p.cfg.ResourceName)
-	var pod *corev1.Pod
-	var container string
-	p.mu.Lock()
-	for _, cand := range waiting(st, res) {
-		if _, planned, err := Planned(cand, st.Plans, st.Node); planned || err != nil {
-			continue
-		}
-		names, counts := gpuContainers(cand, res)
-		n := 0
-		for i, name := range names {
-			if started(cand, name) {
-				continue
-			}
-			if n == p.allocated[cand.UID] {
-				if counts[i] == len(ids) {
-					pod, container = cand, name
-				}
-				break
-			}
-			n++
-		}
-		if pod != nil {
-			break
-		}
-	}
-	p.mu.Unlock()
-	if pod == nil {
-		return nil, false, fmt.Errorf("no unplanned pod on node %s waits for %d %s", st.Node, len(ids), res)
+	if !found || n != len(ids) {
+		return nil, false, fmt.Errorf("pod %s does not wait for %d %s", klog.KObj(pod), len(ids), p.cfg.ResourceName)
 	}
 	if p.cfg.Client == nil {
 		return nil, false, fmt.Errorf("cannot record the allocation (no API client)")
@@ -482,10 +590,26 @@ func (p *Plugin) unplanned(ctx context.Context, ids []string, st State) (*plugin
 	if _, err := p.cfg.Client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "gpupack-node"}); err != nil {
 		return nil, false, fmt.Errorf("record unplanned GPUs on pod %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
-	p.mu.Lock()
-	for _, u := range uuids {
-		p.recent[u] = pod.UID
+	// Recorded first, then read the plans from the API server itself: a
+	// plan written before the record is in this read, whatever the
+	// informer shows, and is not given away. (The pod is refused; its
+	// record stays, and stops counting once the kubelet fails the pod.) A
+	// plan the check decided before it saw the record but wrote after this
+	// read can still name the GPU: the Ledger then refuses the plan's pod
+	// (unplannedHolder), so the GPU is never shared either way.
+	if p.cfg.FreshPlans != nil {
+		plans, err := p.cfg.FreshPlans(ctx)
+		if err != nil {
+			return nil, false, fmt.Errorf("cannot confirm that no GPUPlan names GPUs %v: %w", uuids, err)
+		}
+		if pl, g := planNaming(plans, st.Node, gpus); pl != nil {
+			return nil, false, fmt.Errorf("GPU %s is named by GPUPlan %s/%s, which this node's informer did not show yet", g, pl.Namespace, pl.Name)
+		}
 	}
+	for _, u := range uuids {
+		recent[u] = pod.UID
+	}
+	p.mu.Lock()
 	p.allocated[pod.UID]++
 	p.mu.Unlock()
 	r, err := p.response(chunk)
@@ -499,10 +623,49 @@ func (p *Plugin) unplanned(ctx context.Context, ids []string, st State) (*plugin
 	return r, true, nil
 }
 
+// planNaming returns a plan that is not Released and names one of gpus on
+// node, and that GPU.
+func planNaming(plans []*v1alpha1.GPUPlan, node string, gpus map[string]bool) (*v1alpha1.GPUPlan, string) {
+	for _, pl := range plans {
+		if pl.Status.Phase == v1alpha1.PlanReleased {
+			continue
+		}
+		for _, a := range pl.Spec.Assignments {
+			if a.Node != node {
+				continue
+			}
+			for _, g := range a.GPUs {
+				if gpus[g.UUID] {
+					return pl, g.UUID
+				}
+			}
+		}
+	}
+	return nil, ""
+}
+
+// tellHeld raises one Warning Event on a planned pod refused because an
+// unplanned allocation holds one of its GPUs.
+func (p *Plugin) tellHeld(c Chunk, err error) {
+	key := string(c.PodUID) + "/" + ReasonHeldUnplanned
+	p.mu.Lock()
+	told := p.toldUnsafe[key]
+	p.toldUnsafe[key] = true
+	p.mu.Unlock()
+	klog.ErrorS(err, "refusing a planned allocation", "pod", c.Pod)
+	if told || p.cfg.Recorder == nil {
+		return
+	}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: c.Pod.Name, Namespace: c.Pod.Namespace, UID: c.PodUID}}
+	p.cfg.Recorder.Eventf(pod, corev1.EventTypeWarning, ReasonHeldUnplanned, "gpupack-node %s refuses %s: %v", p.cfg.NodeName, p.cfg.ResourceName, err)
+}
+
 // response builds what the container gets: CDI devices for exactly its
 // GPUs, the hook mounts, its own accounting dir and its limits file. GPUs
-// are listed in NVML index (PCI) order, the order CUDA enumerates them in,
-// so CUDA_DEVICE_MEMORY_LIMIT_<i> and the hook's device i name the same GPU.
+// are listed in NVML index (PCI) order, the order CUDA enumerates them in
+// by default; each limits index also names its GPU by UUID
+// (GPUPACK_DEVICE_UUID_<i>), which is what the hook goes by, since the
+// tenant's CUDA_VISIBLE_DEVICES can change CUDA's order.
 func (p *Plugin) response(c Chunk) (*pluginapi.ContainerAllocateResponse, error) {
 	p.mu.Lock()
 	index, info := p.index, p.info
@@ -516,8 +679,9 @@ func (p *Plugin) response(c Chunk) (*pluginapi.ContainerAllocateResponse, error)
 	for i, d := range devs {
 		uuids[i] = d.UUID
 		r.CdiDevices = append(r.CdiDevices, &pluginapi.CDIDevice{Name: CDIDeviceName(d.UUID)})
+		limits[i].UUID = d.UUID
 		if p.cfg.MemoryLimits && !d.Exclusive {
-			limits[i] = LimitsGPU{MemoryMiB: d.MemoryMiB, Cores: d.Cores}
+			limits[i].MemoryMiB, limits[i].Cores = d.MemoryMiB, d.Cores
 		}
 		if v := p.cfg.ContextReserve.For(info[d.UUID].Model); reserve == "" || sizeBytes(v) > sizeBytes(reserve) {
 			reserve = v
@@ -540,11 +704,18 @@ func (p *Plugin) response(c Chunk) (*pluginapi.ContainerAllocateResponse, error)
 			return nil, err
 		}
 		dir := ContainerCacheDir(p.cfg.CacheHostDir, c.PodUID, c.Container)
-		// 0o777: the container may run as any user; the dir is its own.
-		if err := os.MkdirAll(dir, 0o777); err != nil {
-			return nil, fmt.Errorf("gpupack-node: create accounting dir for pod %s: %w", c.Pod, err)
+		if p.cfg.AccountingRegionBytes > 0 {
+			// The folder is the tenant's: bounded, or no GPU (accounting.go).
+			if err := BoundAccountingDir(dir, p.cfg.AccountingRegionBytes); err != nil {
+				return nil, fmt.Errorf("gpupack-node: bound the accounting dir of pod %s container %s: %w", c.Pod, c.Container, err)
+			}
+		} else {
+			// 0o777: the container may run as any user; the dir is its own.
+			if err := os.MkdirAll(dir, 0o777); err != nil {
+				return nil, fmt.Errorf("gpupack-node: create accounting dir for pod %s: %w", c.Pod, err)
+			}
+			_ = os.Chmod(dir, 0o777)
 		}
-		_ = os.Chmod(dir, 0o777)
 		r.Mounts = append(r.Mounts, &pluginapi.Mount{ContainerPath: CacheMountPath, HostPath: dir})
 	}
 	if p.cfg.LimitsDir != "" {

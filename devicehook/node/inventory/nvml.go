@@ -128,6 +128,10 @@ func readDevice(d nvml.Device, fallbackIndex int, fabric FabricReader) (GPU, err
 	if numa, ret := d.GetNumaNodeId(); ret == nvml.SUCCESS {
 		g.NUMA = numa
 	}
+	// MIG: the current mode (a pending change applies at the next reset).
+	if cur, _, ret := d.GetMigMode(); ret == nvml.SUCCESS && cur == nvml.DEVICE_MIG_ENABLE {
+		g.MIG = true
+	}
 	// Rows that could not be remapped, or a remap waiting for a GPU reset,
 	// mean memory that may corrupt data: plan nothing new there.
 	if _, _, pending, failed, ret := d.GetRemappedRows(); ret == nvml.SUCCESS {

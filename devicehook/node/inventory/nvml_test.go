@@ -177,3 +177,20 @@ func TestInitRealLibrary(t *testing.T) {
 	}
 	t.Logf("real GPUs: %+v", gpus)
 }
+
+// A GPU in MIG mode is reported as such (its SM limits do not apply: the
+// node agent's gpupack_node_gpu_mig_enabled metric); a pending change is
+// not the current mode.
+func TestReadMIGMode(t *testing.T) {
+	n := nvmlfake.DGXH100()
+	n.GPUs[2].Device().SetMigMode(nvml.DEVICE_MIG_ENABLE)
+	got, err := Read(n, ReadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, g := range got {
+		if want := i == 2; g.MIG != want {
+			t.Errorf("GPU %d: MIG = %v, want %v", i, g.MIG, want)
+		}
+	}
+}

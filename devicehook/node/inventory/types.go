@@ -24,6 +24,11 @@ type GPU struct {
 	ActiveLinks, TotalLinks int
 	// Reason says why Health is Unhealthy (for Events and logs).
 	Reason string
+	// MIG is true when the GPU is in MIG mode (nvmlDeviceGetMigMode,
+	// current mode). Its MIG slices bound the SMs a container gets, NVML has
+	// no per-process utilisation there, and the hook does not throttle:
+	// gpupack.io/gpu-cores (CUDA_DEVICE_SM_LIMIT) does not apply on it.
+	MIG bool
 }
 
 // Fabric is the result of nvmlDeviceGetGpuFabricInfo(V).

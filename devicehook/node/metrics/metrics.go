@@ -15,6 +15,14 @@ const (
 	KindOverLimit  = "over_limit" // a pod's processes use more than its planned MiB on a GPU
 	KindUnassigned = "unassigned" // a pod uses a GPU its plan does not give it
 	KindUnknown    = "unknown"    // a GPU process that belongs to no pod
+	// KindUnattributed: device memory in use that no NVML process list
+	// (compute, graphics, MPS) accounts for, beyond the driver's overhead.
+	KindUnattributed = "unattributed"
+	// KindMountOverride: a GPU process of a pod sees, at /etc/ld.so.preload,
+	// /etc/gpupack/limits or the hook library, a mount that is not the bind
+	// gpupack-node's Allocate returned (a pod mount over it, e.g. through an
+	// image symlink the webhook's string compare cannot see).
+	KindMountOverride = "mount_override"
 )
 
 // Metrics of one agent.
@@ -24,7 +32,9 @@ type Metrics struct {
 	GPUAllocatableMiB    *prometheus.GaugeVec // gpu
 	GPUUsedMiB           *prometheus.GaugeVec // gpu (NVML, all processes)
 	GPULimitMiB          *prometheus.GaugeVec // gpu (sum of planned MiB of live pods)
+	GPUUnattributedMiB   *prometheus.GaugeVec // gpu (used memory no process accounts for)
 	NVLinkActiveLinks    *prometheus.GaugeVec // gpu
+	GPUMIGEnabled        *prometheus.GaugeVec // gpu: SM limits do not apply
 	InventoryPublishes   *prometheus.CounterVec
 	PluginAllocations    *prometheus.CounterVec // resource, result
 	BypassDetections     *prometheus.CounterVec // kind
@@ -45,17 +55,21 @@ func New(reg prometheus.Registerer) *Metrics {
 		GPUAllocatableMiB: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "gpupack_node_gpu_memory_allocatable_mib",
 			Help: "Per-GPU allocatable memory: physical - driver overhead - safety buffer."}, []string{"gpu"}),
 		GPUUsedMiB: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "gpupack_node_gpu_memory_used_mib",
-			Help: "Per-GPU memory used by compute processes, as NVML reports it."}, []string{"gpu"}),
+			Help: "Per-GPU memory used by processes (compute, graphics and MPS lists), as NVML reports it."}, []string{"gpu"}),
 		GPULimitMiB: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "gpupack_node_gpu_memory_limit_mib",
 			Help: "Per-GPU sum of the memory planned for live pods (gpupack.io/devices)."}, []string{"gpu"}),
+		GPUUnattributedMiB: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "gpupack_node_gpu_memory_unattributed_mib",
+			Help: "Per-GPU memory in use that no NVML process list (compute, graphics, MPS) accounts for: driver overhead, or a context NVML does not list."}, []string{"gpu"}),
 		NVLinkActiveLinks: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "gpupack_node_nvlink_active_links",
 			Help: "NVLink links in state enabled, per GPU."}, []string{"gpu"}),
+		GPUMIGEnabled: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "gpupack_node_gpu_mig_enabled",
+			Help: "1 when the GPU is in MIG mode: its MIG slices bound the SMs, and SM limits (gpupack.io/gpu-cores, CUDA_DEVICE_SM_LIMIT) do not apply on it (the hook logs this and does not throttle); 0 otherwise."}, []string{"gpu"}),
 		InventoryPublishes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gpupack_node_inventory_patches_total",
 			Help: "Node patches written by the inventory loop (what: metadata or status)."}, []string{"what"}),
 		PluginAllocations: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gpupack_node_plugin_allocations_total",
 			Help: "Device-plugin Allocate results per container (result: planned, unplanned, error)."}, []string{"resource", "result"}),
 		BypassDetections: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gpupack_node_bypass_detections_total",
-			Help: "GPU memory use the hook did not bound (kind: over_limit, unassigned, unknown)."}, []string{"kind"}),
+			Help: "GPU memory use the hook did not bound (kind: over_limit, unassigned, unknown, unattributed)."}, []string{"kind"}),
 		BypassActions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gpupack_node_bypass_actions_total",
 			Help: "Enforcement by the bypass watcher (action: kill = a process SIGKILLed, delete = a pod deleted with grace 0)."}, []string{"action"}),
 		ToolkitUnsafe: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "gpupack_node_toolkit_unsafe",
@@ -68,8 +82,8 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help: "Per-pod accounting files that could not be read."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.NVMLAvailable, m.GPUHealthy, m.GPUAllocatableMiB, m.GPUUsedMiB, m.GPULimitMiB,
-			m.NVLinkActiveLinks, m.InventoryPublishes, m.PluginAllocations, m.BypassDetections,
+		reg.MustRegister(m.NVMLAvailable, m.GPUHealthy, m.GPUAllocatableMiB, m.GPUUsedMiB, m.GPULimitMiB, m.GPUUnattributedMiB,
+			m.NVLinkActiveLinks, m.GPUMIGEnabled, m.InventoryPublishes, m.PluginAllocations, m.BypassDetections,
 			m.BypassActions, m.ToolkitUnsafe, m.PodGPUUsedMiB, m.HookDriftMiB, m.HookAccountingErrors)
 	}
 	return m

@@ -38,6 +38,14 @@ type GPU struct {
 	// reports the PID a container sees), UsedGpuMemory in bytes or
 	// NotAvailable.
 	Processes []nvml.ProcessInfo
+	// Graphics and MPS are the processes GetGraphicsRunningProcesses and
+	// GetMPSComputeRunningProcesses report (a Vulkan/EGL context, an MPS
+	// client); a PID may be in several lists, with its memory in each (the
+	// device's used memory counts it once).
+	Graphics, MPS []nvml.ProcessInfo
+	// UnlistedMiB is device memory in use that no process list shows (a
+	// context the driver does not list, or a process that left the lists).
+	UnlistedMiB uint64
 	// SampleEvery > 0 makes the process list a sample, as the driver's is:
 	// GetComputeRunningProcesses answers with the list as it was at every
 	// SampleEvery-th call, so a process that started, grew or exited since
@@ -144,11 +152,17 @@ func complete(g *GPU) {
 		if g.Lost {
 			return nvml.Memory_v2{}, nvml.ERROR_GPU_IS_LOST
 		}
-		var used uint64
-		for _, p := range g.Processes {
-			if p.UsedGpuMemory != NotAvailable {
-				used += p.UsedGpuMemory
+		perPID := map[uint32]uint64{}
+		for _, list := range [][]nvml.ProcessInfo{g.Processes, g.Graphics, g.MPS} {
+			for _, p := range list {
+				if p.UsedGpuMemory != NotAvailable {
+					perPID[p.Pid] = max(perPID[p.Pid], p.UsedGpuMemory)
+				}
 			}
+		}
+		used := g.UnlistedMiB << 20
+		for _, b := range perPID {
+			used += b
 		}
 		total := d.MemoryInfo.Total
 		return nvml.Memory_v2{Total: total, Used: used, Free: total - min(used, total)}, nvml.SUCCESS
@@ -216,14 +230,30 @@ func complete(g *GPU) {
 			g.calls++
 			out = g.sample
 		}
-		out = append([]nvml.ProcessInfo(nil), out...)
-		if g.HideProcessMemory {
-			for i := range out {
-				out[i].UsedGpuMemory = NotAvailable
-			}
-		}
-		return out, nvml.SUCCESS
+		return g.hide(out), nvml.SUCCESS
 	}
+	d.GetGraphicsRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return g.hide(g.Graphics), nvml.SUCCESS
+	}
+	d.GetMPSComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return g.hide(g.MPS), nvml.SUCCESS
+	}
+}
+
+// hide copies a process list, its memory NotAvailable under
+// HideProcessMemory. g.mu is held.
+func (g *GPU) hide(ps []nvml.ProcessInfo) []nvml.ProcessInfo {
+	out := append([]nvml.ProcessInfo(nil), ps...)
+	if g.HideProcessMemory {
+		for i := range out {
+			out[i].UsedGpuMemory = NotAvailable
+		}
+	}
+	return out
 }
 
 // GPUByUUID finds a GPU of the node.

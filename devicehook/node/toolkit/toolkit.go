@@ -8,6 +8,7 @@
 //	accept-nvidia-visible-devices-as-volume-mounts = false            (the default; some distributions set true)
 //	[nvidia-container-runtime] mode = "cdi", or a CDI spec for nvidia.com/gpu
 //	  in /etc/cdi or /var/run/cdi (the CRI injects the devices the plugin names)
+//	[nvidia-container-runtime.modes.cdi] annotation-prefixes = []   (the default is ["cdi.k8s.io/"])
 //
 // Check is a pure function of the file contents; the agent reports the
 // result as a node condition, an Event and a metric.
@@ -30,7 +31,18 @@ const (
 	// at /var/run/nvidia-container-devices/<uuid|all> (an emptyDir will do):
 	// it must not be true (the toolkit's default is false).
 	SettingVolumeMounts = "accept-nvidia-visible-devices-as-volume-mounts"
+	// SettingAnnotationPrefixes names the pod/container annotation prefixes
+	// the runtime (in CDI mode) reads CDI device requests from. gpupack-node
+	// assigns devices through the CRI's CDIDevices field only; with the
+	// default ["cdi.k8s.io/"] a runtime that sees pod annotations would give
+	// a pod gpupack never saw (no GPU resource) nvidia.com/gpu=all for an
+	// annotation. It must be an empty array.
+	SettingAnnotationPrefixes = "nvidia-container-runtime.modes.cdi.annotation-prefixes"
 )
+
+// Settings are every setting Check judges, in the order of its findings:
+// the agent exports one gpupack_node_toolkit_unsafe series per entry.
+var Settings = []string{SettingConfig, SettingEnvvar, SettingVolumeMounts, SettingCDI, SettingAnnotationPrefixes}
 
 // MaxConfigBytes bounds the config read (it is a few KiB).
 const MaxConfigBytes = 1 << 20
@@ -140,7 +152,19 @@ func Check(path string, content []byte, cdiSpec bool) Result {
 		}
 		r.Findings = append(r.Findings, Finding{SettingCDI, fmt.Sprintf("CDI is off (nvidia-container-runtime.mode %s and no CDI spec for nvidia.com/gpu in %s): the CDI devices gpupack-node assigns are not injected", mode, strings.Join(CDISpecDirs, ", "))})
 	}
+	switch v, ok := cfg[SettingAnnotationPrefixes]; {
+	case !ok:
+		r.Findings = append(r.Findings, Finding{SettingAnnotationPrefixes, SettingAnnotationPrefixes + ` is not set (the toolkit's default is ["cdi.k8s.io/"]): a pod annotation may ask the runtime for nvidia.com/gpu=all; set it to []`})
+	case !emptyArray(v):
+		r.Findings = append(r.Findings, Finding{SettingAnnotationPrefixes, SettingAnnotationPrefixes + " = " + v + ": a pod annotation with such a prefix may ask the runtime for CDI devices gpupack never assigned; set it to []"})
+	}
 	return r
+}
+
+// emptyArray reports whether a value as Parse keeps it is the TOML empty
+// array ("[]", spaces allowed inside).
+func emptyArray(v string) bool {
+	return strings.HasPrefix(v, "[") && strings.HasSuffix(v, "]") && strings.TrimSpace(v[1:len(v)-1]) == ""
 }
 
 // Parse reads the subset of TOML the toolkit's config.toml uses: [table]

@@ -27,9 +27,9 @@ func TestCheckFixtures(t *testing.T) {
 		want  string // settings found, comma separated
 	}{
 		{"safe.toml", noSpecs, ""},
-		{"default.toml", noSpecs, SettingEnvvar + "," + SettingCDI},
-		{"default.toml", []string{withSpec}, SettingEnvvar}, // CDI through the CRI
-		{"envvar-true.toml", noSpecs, SettingEnvvar},
+		{"default.toml", noSpecs, SettingEnvvar + "," + SettingCDI + "," + SettingAnnotationPrefixes},
+		{"default.toml", []string{withSpec}, SettingEnvvar + "," + SettingAnnotationPrefixes}, // CDI through the CRI
+		{"envvar-true.toml", noSpecs, SettingEnvvar + "," + SettingAnnotationPrefixes},
 		{"volume-mounts-true.toml", noSpecs, SettingVolumeMounts},
 		{"absent.toml", noSpecs, SettingConfig},
 	}
@@ -40,6 +40,37 @@ func TestCheckFixtures(t *testing.T) {
 		}
 		if r.Safe() != (tc.want == "") || !strings.Contains(r.Message(), tc.file) {
 			t.Errorf("%s: Safe %v, message %q", tc.file, r.Safe(), r.Message())
+		}
+	}
+}
+
+// TestAnnotationPrefixes: only an empty annotation-prefixes array is safe;
+// unset means the toolkit's default ["cdi.k8s.io/"], under which a pod
+// annotation could ask the runtime for nvidia.com/gpu=all.
+func TestAnnotationPrefixes(t *testing.T) {
+	safe, err := os.ReadFile(filepath.Join("testdata", "safe.toml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const line = "annotation-prefixes = [] # gpupack: devices by the CRI's CDIDevices only"
+	if !strings.Contains(string(safe), line) {
+		t.Fatalf("safe.toml lacks %q", line)
+	}
+	for _, tc := range []struct {
+		with   string // replaces line; "" drops it
+		unsafe bool
+	}{
+		{"annotation-prefixes = []", false},
+		{"annotation-prefixes = [ ]", false},
+		{"", true},
+		{`annotation-prefixes = ["cdi.k8s.io/"]`, true},
+		{`annotation-prefixes = ["gpupack.io/"]`, true},
+		{`annotation-prefixes = [""]`, true},
+		{`annotation-prefixes = "[]"`, true},
+	} {
+		r := Check("x", []byte(strings.Replace(string(safe), line, tc.with, 1)), false)
+		if got := strings.Join(settings(r), ","); (got == SettingAnnotationPrefixes) != tc.unsafe || (!tc.unsafe && got != "") {
+			t.Errorf("%q: findings %q (%s)", tc.with, got, r.Message())
 		}
 	}
 }
@@ -73,7 +104,7 @@ func FuzzParse(f *testing.F) {
 			return
 		}
 		r := Check("x", b, false)
-		if v, ok := cfg[SettingEnvvar]; ok && v == "false" && cfg["nvidia-container-runtime.mode"] == `"cdi"` && (cfg[SettingVolumeMounts] == "" || cfg[SettingVolumeMounts] == "false") && !r.Safe() {
+		if v, ok := cfg[SettingEnvvar]; ok && v == "false" && cfg["nvidia-container-runtime.mode"] == `"cdi"` && (cfg[SettingVolumeMounts] == "" || cfg[SettingVolumeMounts] == "false") && emptyArray(cfg[SettingAnnotationPrefixes]) && !r.Safe() {
 			t.Fatalf("safe settings reported unsafe: %v", r.Findings)
 		}
 	})

@@ -148,7 +148,7 @@ func TestInstallCheck(t *testing.T) {
 	if mgrBin == "" {
 		mgrBin = buildBinary(t, "gpupack-manager")
 	}
-	env := framework.Start(t, framework.Options{})
+	env := framework.Start(t, framework.Options{OperatorCRDs: true}) // manifests/examples has a TrainJob, Ray and MPI jobs
 
 	apply(t, env, "cert-manager and ServiceMonitor CRDs", thirdPartyCRDs(t))
 	// The examples first: once the gpupack webhooks are registered, GPU

@@ -139,6 +139,22 @@ func TestLeastPrivilegeRBAC(t *testing.T) {
 					t.Errorf("gpupack-manager may write pods, but gpupack-manager-pod-writes does not limit it to the placement")
 				}
 			}
+			for _, jr := range [][2]string{{"batch", "jobs"}, {"kubeflow.org", "pytorchjobs"}} {
+				if !writes(grants(mgr, jr[0], jr[1])) {
+					continue
+				}
+				p := policy(t, objs, "gpupack-manager-job-writes")
+				if e := expressions(p); !strings.Contains(e, "'"+sa("gpupack-manager")+"'") || !strings.Contains(e, "gpupack.io/last-consistent-checkpoint") {
+					t.Errorf("gpupack-manager may write %s, but gpupack-manager-job-writes does not limit it to the consistent step", jr[1])
+				}
+				covered := false
+				for _, rr := range p.Spec.MatchConstraints.ResourceRules {
+					covered = covered || (slices.Contains(rr.Resources, jr[1]) && slices.Contains(rr.APIGroups, jr[0]))
+				}
+				if !covered {
+					t.Errorf("policy gpupack-manager-job-writes does not match %s.%s", jr[1], jr[0])
+				}
+			}
 			if e := expressions(policy(t, objs, "gpupack-placement")); !strings.Contains(e, "'"+sa("gpupack-manager")+"'") || !strings.Contains(e, "gpupack.io/devices") {
 				t.Errorf("gpupack-placement is not keyed on the manager and gpupack.io/devices")
 			}

@@ -218,6 +218,7 @@ var renderings = []struct {
 	{"hami", "manifests/overlays/hami", []string{"-f", "manifests/helm/gpupack/values-hami.yaml"}},
 	{"cert-manager", "manifests/overlays/cert-manager", []string{"--set", "certManager.enabled=true"}},
 	{"prometheus", "manifests/overlays/prometheus", []string{"--set", "metrics.serviceMonitor.enabled=true"}},
+	{"job-kinds", "manifests/overlays/job-kinds", []string{"--set-json", `jobKinds.integrations=["jobset.x-k8s.io/jobset","trainer.kubeflow.org/trainjob","leaderworkerset.x-k8s.io/leaderworkerset","ray.io/rayjob","ray.io/raycluster","kubeflow.org/mpijob","deployment","statefulset"]`}},
 }
 
 func readFile(t testing.TB, rel string) []byte {

@@ -3,7 +3,12 @@
 // jobset.x-k8s.io/jobset integration): a fractional JobSet is converted at
 // apply time by gpupack's webhooks, Kueue's Workload requests gpupack.io/*,
 // and the gang-fit check holds it while it does not fit and admits one that
-// does. No JobSet controller runs: nothing here needs its Jobs or pods.
+// does (this file: no JobSet controller, nothing needs its Jobs or pods).
+//
+// controllers_test.go and lws_test.go run the real JobSet and
+// LeaderWorkerSet controllers (built by `make tools`; skipped without them
+// outside CI) with kube-scheduler and kwok: pods made by the controllers,
+// pinned by the ungater, preempted through the checkpoint protocol.
 package jobkinds
 
 import (
@@ -28,6 +33,7 @@ import (
 	"github.com/gpupack/gpupack/flavors"
 	"github.com/gpupack/gpupack/test/framework"
 	"github.com/gpupack/gpupack/webhooks"
+	"github.com/gpupack/gpupack/webhooks/mutation"
 )
 
 // fractionalJobSet is a JobSet of a CPU-only driver and `workers` worker
@@ -69,7 +75,8 @@ func admitted(wl *kueue.Workload) bool {
 }
 
 func TestFractionalJobSetConvertedCountedAndHeld(t *testing.T) {
-	env := framework.Start(t, framework.Options{JobSet: true})
+	kueueOpts := framework.Options{JobSet: true}
+	env := framework.Start(t, kueueOpts)
 	env.CreateNode(t, framework.MakeNode("n1").GPUs(1, framework.H100).Obj())
 	// A second GPU, busy: a job that does not fit now could fit later, so
 	// the check holds it (Retry) rather than rejecting it. The holder is in
@@ -87,7 +94,9 @@ func TestFractionalJobSetConvertedCountedAndHeld(t *testing.T) {
 
 	// gpupack's webhooks (JobSet entries only, as --job-kinds=JobSet adds
 	// them) and the gang-fit check, in one manager.
-	cfg := webhooks.Config{}
+	// Kueue here runs the JobSet integration (framework.Options{JobSet:
+	// true}); gpupack's view of what Kueue manages must say so.
+	cfg := webhooks.Config{Kueue: mutation.KueueConfig{Frameworks: kueueOpts.KueueFrameworks()}}
 	opts := env.WebhookServer()
 	env.StartManager(t, func(mgr ctrl.Manager) error {
 		if err := webhooks.Setup(mgr, cfg); err != nil {

@@ -48,6 +48,10 @@ func startAgent(t *testing.T, env *framework.Env, hw *nvmlfake.Node, policy bypa
 	// The toolkit config as a package installs it: unsafe for gpupack.
 	o.ToolkitConfig = filepath.Join("..", "..", "..", "devicehook", "node", "toolkit", "testdata", "default.toml")
 	o.ProcRoot, o.CacheDir, o.LimitsDir = proc, t.TempDir(), t.TempDir()
+	// The tmpfs on each accounting dir would be mounted in this machine's
+	// mount namespace; it is tested in a private one
+	// (deviceplugin.TestAccountingDirIsBounded).
+	o.AccountingTmpfs = false
 	o.Dynamic = dynamic.NewForConfigOrDie(env.Config)
 	// NVML's PIDs are the fake's; never signal a real process of this machine.
 	o.Killer = &recordingKiller{}
@@ -236,6 +240,7 @@ func TestNodeAgent(t *testing.T) {
 		ns := env.Namespace(t, "plugin")
 		g5, g6 := hw.GPUs[5].UUID(), hw.GPUs[6].UUID()
 		planned := gpuPod("planned", ns, g6+":30000,"+g5+":20000", 2)
+		planned.Annotations[v1alpha1.AnnotationPlan] = "plan-planned" // as Kueue writes it from the check's podSetUpdates
 		env.MustCreate(t, planned)
 		bindPlan(t, env, planned, g6+":30000,"+g5+":20000", 25)
 		// At once, as the kubelet would right after binding: the plugin
@@ -280,8 +285,8 @@ func TestNodeAgent(t *testing.T) {
 			t.Fatal(err)
 		}
 		want := map[string]string{
-			"CUDA_DEVICE_MEMORY_LIMIT_0": "20000m", "CUDA_DEVICE_SM_LIMIT_0": "25",
-			"CUDA_DEVICE_MEMORY_LIMIT_1": "30000m", "CUDA_DEVICE_SM_LIMIT_1": "25",
+			"CUDA_DEVICE_MEMORY_LIMIT_0": "20000m", "CUDA_DEVICE_SM_LIMIT_0": "25", "GPUPACK_DEVICE_UUID_0": g5,
+			"CUDA_DEVICE_MEMORY_LIMIT_1": "30000m", "CUDA_DEVICE_SM_LIMIT_1": "25", "GPUPACK_DEVICE_UUID_1": g6,
 			"CUDA_DEVICE_MEMORY_SHARED_CACHE": "/var/run/gpupack/vgpu.cache", "GPUPACK_CONTEXT_RESERVE": "512m",
 		}
 		if d := cmp.Diff(want, got); d != "" {
@@ -290,7 +295,7 @@ func TestNodeAgent(t *testing.T) {
 
 		env.MustCreate(t, gpuPod("unplanned", ns, "", 1))
 		_, _, err = kubelet.Allocate(env.Ctx, v1alpha1.ResourceVGPU, 1)
-		if err == nil || !strings.Contains(err.Error(), "no planned pod is waiting for GPUs here") {
+		if err == nil || !strings.Contains(err.Error(), "which no GPUPlan covers") {
 			t.Errorf("unplanned pod: err = %v, want a clear refusal", err)
 		}
 		env.Clientset.CoreV1().Pods(ns).Delete(env.Ctx, "unplanned", metav1.DeleteOptions{GracePeriodSeconds: ptr(int64(0))})

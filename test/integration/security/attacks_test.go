@@ -8,6 +8,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
@@ -16,7 +17,9 @@ import (
 	kftraining "github.com/kubeflow/training-operator/pkg/apis/kubeflow.org/v1"
 
 	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
+	"github.com/gpupack/gpupack/checkpoint/agent"
 	"github.com/gpupack/gpupack/test/framework"
+	"github.com/gpupack/gpupack/webhooks/mutation"
 	"github.com/gpupack/gpupack/webhooks/placement"
 )
 
@@ -45,6 +48,7 @@ func TestTenantAttacks(t *testing.T) {
 	env, ctx := c.env, c.env.Ctx
 	always := corev1.ContainerRestartPolicyAlways
 	yes := true
+	queued := map[string]string{mutation.LabelQueueName: "gpu"}
 
 	// Item 6: a baseline namespace takes fractional GPU pods, and the pods
 	// the Job controller and the training operator make from GPU templates.
@@ -59,7 +63,7 @@ func TestTenantAttacks(t *testing.T) {
 			}
 		}
 		job := &batchv1.Job{
-			ObjectMeta: metav1.ObjectMeta{Name: "train", Namespace: c.baseline, Annotations: map[string]string{v1alpha1.AnnotationGPUMemory: "20Gi"}},
+			ObjectMeta: metav1.ObjectMeta{Name: "train", Namespace: c.baseline, Labels: queued, Annotations: map[string]string{v1alpha1.AnnotationGPUMemory: "20Gi"}},
 			Spec: batchv1.JobSpec{Suspend: ptr.To(true), Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{
 				RestartPolicy: corev1.RestartPolicyNever,
 				Containers:    []corev1.Container{{Name: "trainer", Image: "trainer:test", Resources: corev1.ResourceRequirements{Limits: rl(v1alpha1.ResourceNvidiaGPU, "1")}}},
@@ -69,7 +73,7 @@ func TestTenantAttacks(t *testing.T) {
 			t.Fatal(err)
 		}
 		pt := &kftraining.PyTorchJob{
-			ObjectMeta: metav1.ObjectMeta{Name: "ft", Namespace: c.baseline, Annotations: map[string]string{v1alpha1.AnnotationGPUMemory: "20Gi"}},
+			ObjectMeta: metav1.ObjectMeta{Name: "ft", Namespace: c.baseline, Labels: queued, Annotations: map[string]string{v1alpha1.AnnotationGPUMemory: "20Gi"}},
 			Spec: kftraining.PyTorchJobSpec{RunPolicy: kftraining.RunPolicy{Suspend: ptr.To(true)}, PyTorchReplicaSpecs: map[kftraining.ReplicaType]*kftraining.ReplicaSpec{
 				kftraining.PyTorchJobReplicaTypeWorker: {Replicas: ptr.To[int32](1), Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{
 					Containers: []corev1.Container{{Name: "pytorch", Image: "trainer:test", Resources: corev1.ResourceRequirements{Limits: rl(v1alpha1.ResourceNvidiaGPU, "1")}}},
@@ -92,6 +96,8 @@ func TestTenantAttacks(t *testing.T) {
 			}
 			p := &corev1.Pod{ObjectMeta: *tc.tmpl.ObjectMeta.DeepCopy(), Spec: *tc.tmpl.Spec.DeepCopy()}
 			p.GenerateName, p.Namespace, p.OwnerReferences = tc.owner.Name+"-", c.baseline, []metav1.OwnerReference{tc.owner}
+			// As Kueue starts the job: its podSetUpdates name the plan.
+			p.Annotations[v1alpha1.AnnotationPlan] = "plan-" + tc.owner.Name
 			if err := ctl.Create(ctx, p); err != nil {
 				t.Errorf("%s's pod from %s's template in a baseline namespace: %v", tc.user, tc.owner.Kind, err)
 			}
@@ -212,9 +218,72 @@ func TestTenantAttacks(t *testing.T) {
 		if err := c.alice.Create(ctx, p); err != nil {
 			t.Fatal(err)
 		}
-		if len(p.Spec.Containers[0].Env) != 0 {
-			t.Errorf("owned env survived: %v", p.Spec.Containers[0].Env)
+		// What stays is gpupack's own: with envFrom and no known job, an
+		// explicit empty GPUPACK_JOB_ID shadows whatever the ConfigMap says
+		// (issue 16 review L2). Nothing the tenant wrote survives.
+		for _, e := range p.Spec.Containers[0].Env {
+			if e.Name != agent.EnvJobID || e.Value != "" || e.ValueFrom != nil {
+				t.Errorf("owned env survived: %v", p.Spec.Containers[0].Env)
+				break
+			}
 		}
+	})
+
+	// Findings 1 and 2 of the outside review, at admission: a fractional
+	// pod that can never get a plan is denied (no plan, no slot), and so
+	// is a GPU pod or job Kueue will not manage, unless an administrator
+	// labelled its namespace gpupack.io/unmanaged-gpus=allow.
+	t.Run("no plan no slot, no GPUs outside Kueue", func(t *testing.T) {
+		unplanned := gpuPod(c.open, "unplanned")
+		delete(unplanned.Annotations, v1alpha1.AnnotationPlan)
+		denied(t, "a fractional pod that can never get a plan", c.alice.Create(ctx, unplanned.DeepCopy()), "has no gpupack.io/plan and will not get one")
+		vgpu := unplanned.DeepCopy()
+		vgpu.Name = "unplanned-vgpu"
+		delete(vgpu.Annotations, v1alpha1.AnnotationGPUMemory)
+		vgpu.Spec.Containers[0].Resources.Limits = rl(v1alpha1.ResourceVGPU, "1", v1alpha1.ResourceGPUMemory, "4096")
+		denied(t, "gpupack.io/vgpu written by hand, no plan", c.alice.Create(ctx, vgpu), "has no gpupack.io/plan and will not get one")
+		queuedPod := unplanned.DeepCopy()
+		queuedPod.Labels = queued
+		denied(t, "a queue label without Kueue's pod integration", c.alice.Create(ctx, queuedPod), "has no gpupack.io/plan and will not get one")
+
+		greedy := wholeGPUPod(c.open, "greedy", "8")
+		denied(t, "8 whole GPUs and no queue name", c.alice.Create(ctx, greedy.DeepCopy()), "pod greedy asks for GPUs but Kueue will not manage it")
+		plainJob := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "plain", Namespace: c.open},
+			Spec: batchv1.JobSpec{Template: corev1.PodTemplateSpec{Spec: *greedy.Spec.DeepCopy()}}}
+		plainJob.Spec.Template.Spec.RestartPolicy = corev1.RestartPolicyNever
+		denied(t, "a GPU Job with no queue name", c.alice.Create(ctx, plainJob.DeepCopy()), "Job plain asks for GPUs but Kueue will not manage it")
+		// An owner reference is the tenant's to write: naming a queued Job
+		// of its own does not count unless it is that Job (UID).
+		real := plainJob.DeepCopy()
+		real.Name, real.Labels, real.Spec.Suspend = "queued", queued, ptr.To(true)
+		if err := c.alice.Create(ctx, real); err != nil {
+			t.Fatalf("a queued GPU Job: %v", err)
+		}
+		adopted := wholeGPUPod(c.open, "adopted", "8")
+		adopted.OwnerReferences = []metav1.OwnerReference{{APIVersion: "batch/v1", Kind: "Job", Name: "queued", UID: "00000000-0000-0000-0000-00000000beef", Controller: &yes}}
+		denied(t, "a forged owner reference to a queued Job", c.alice.Create(ctx, adopted), "which is not that object")
+
+		// The opt-out is the administrator's: edit cannot label a namespace.
+		lab := env.Namespace(t, "lab")
+		env.MustCreate(t, &rbacv1.RoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: "alice-edit", Namespace: lab},
+			RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "edit"},
+			Subjects:   []rbacv1.Subject{{Kind: "User", APIGroup: "rbac.authorization.k8s.io", Name: "alice"}},
+		})
+		optOut := mergePatch(map[string]any{"metadata": map[string]any{"labels": map[string]string{mutation.NamespaceLabelUnmanagedGPUs: "allow"}}})
+		if err := c.alice.Patch(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: c.open}}, optOut); err == nil {
+			t.Error("a tenant labelled its own namespace out of the policy")
+		}
+		if err := env.Client.Patch(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: lab}}, optOut); err != nil {
+			t.Fatal(err)
+		}
+		inLab := wholeGPUPod(lab, "greedy", "8")
+		if err := c.alice.Create(ctx, inLab); err != nil {
+			t.Errorf("8 whole GPUs in a namespace that opted out: %v", err)
+		}
+		inLab = unplanned.DeepCopy()
+		inLab.Namespace = lab
+		denied(t, "an unplanned fractional pod in a namespace that opted out", c.alice.Create(ctx, inLab), "has no gpupack.io/plan")
 	})
 
 	// Item 2: the placement is gpupack's.
@@ -246,7 +315,11 @@ func TestTenantAttacks(t *testing.T) {
 		denied(t, "removing one's own placement gate", c.alice.Patch(ctx, planned.DeepCopy(), mergePatch(map[string]any{"spec": map[string]any{"schedulingGates": nil}})),
 			"only gpupack's placement may remove the scheduling gate gpupack.io/placement")
 		denied(t, "pointing a pod at another plan", c.alice.Patch(ctx, planned.DeepCopy(), annPatch(v1alpha1.AnnotationPlan, "someone-elses")), "gpupack.io/plan cannot be added to or changed")
-		denied(t, "adding a plan to an existing pod", c.alice.Patch(ctx, forged.DeepCopy(), annPatch(v1alpha1.AnnotationPlan, "plan-1")), "gpupack.io/plan cannot be added")
+		noPlan := cpuPod(c.open, "no-plan")
+		if err := c.alice.Create(ctx, noPlan); err != nil {
+			t.Fatal(err)
+		}
+		denied(t, "adding a plan to an existing pod", c.alice.Patch(ctx, noPlan.DeepCopy(), annPatch(v1alpha1.AnnotationPlan, "plan-1")), "gpupack.io/plan cannot be added")
 
 		// The ungater pins it (node affinity, devices, gate lifted).
 		cur := &corev1.Pod{}
@@ -314,6 +387,18 @@ func TestServiceAccountScope(t *testing.T) {
 		denied(t, "recording on another node's pod", nodeA.Patch(ctx, b.DeepCopy(), rec), "denied request")
 		denied(t, "relabelling a pod of its node", nodeA.Patch(ctx, a.DeepCopy(), mergePatch(map[string]any{"metadata": map[string]any{"labels": map[string]string{"x": "y"}}})),
 			"only the annotations gpupack.io/devices and gpupack.io/allocated-by")
+		denied(t, "changing the spec of a pod of its node", nodeA.Patch(ctx, a.DeepCopy(), mergePatch(map[string]any{"spec": map[string]any{"activeDeadlineSeconds": 1}})),
+			"only the annotations gpupack.io/devices and gpupack.io/allocated-by")
+		denied(t, "writing another annotation on a pod of its node", nodeA.Patch(ctx, a.DeepCopy(), annPatch("example.com/x", "y")),
+			"only the annotations gpupack.io/devices and gpupack.io/allocated-by")
+		// A token that names no node matches no node's pods — but it would
+		// match a pod not bound to any node yet (spec.nodeName ""), such as
+		// a gated pod waiting for its placement.
+		unbound := cpuPod(c.open, "unbound")
+		env.MustCreate(t, unbound)
+		// (policy gpupack-placement refuses that record too: either may answer)
+		denied(t, "a token without a node binding recording GPUs on an unbound pod", c.node(t, "").Patch(ctx, unbound.DeepCopy(), rec), "denied request")
+		denied(t, "a token without a node binding deleting an unbound pod", c.node(t, "").Delete(ctx, unbound.DeepCopy()), "bound service-account token")
 		denied(t, "deleting another node's pod", nodeA.Delete(ctx, b.DeepCopy(), client.GracePeriodSeconds(0)), "only pods bound to its own node")
 		if err := nodeA.Delete(ctx, a.DeepCopy(), client.GracePeriodSeconds(0)); err != nil {
 			t.Errorf("deleting a pod of its node (enforcement): %v", err)
@@ -340,10 +425,41 @@ func TestServiceAccountScope(t *testing.T) {
 		denied(t, "the manager changing an image", mgr.Update(ctx, img), "nothing else of its spec")
 		denied(t, "the manager relabelling a pod", mgr.Patch(ctx, cur.DeepCopy(), mergePatch(map[string]any{"metadata": map[string]any{"labels": map[string]string{"x": "y"}}})), "none of its labels")
 		denied(t, "the manager writing another annotation", mgr.Patch(ctx, cur.DeepCopy(), annPatch("example.com/x", "y")), "only the annotations")
+		// Another controller's gate (here one a platform webhook added) is
+		// not the manager's to lift: it would release pods gpupack does not own.
+		held := gpuPod(c.open, "held")
+		held.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: "example.com/hold"}}
+		env.MustCreate(t, held)
+		if !hasGate(held) {
+			t.Fatal("held: no placement gate")
+		}
+		lifted := held.DeepCopy()
+		lifted.Spec.SchedulingGates = []corev1.PodSchedulingGate{{Name: v1alpha1.SchedulingGatePlacement}}
+		denied(t, "the manager lifting another controller's gate", mgr.Update(ctx, lifted), "may remove only its own scheduling gate gpupack.io/placement")
 		placement.Pin(cur, "node-a", "GPU-00000000-0000-0000-0000-000000000005:4096")
 		if err := mgr.Update(ctx, cur); err != nil {
 			t.Errorf("the manager pinning a pod: %v", err)
 		}
+		// Jobs: RBAC lets the manager patch them (it records the last
+		// consistent checkpoint); policy gpupack-manager-job-writes keeps it
+		// to that one annotation (outside review 2026-12-02, finding 9).
+		job := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "recorded", Namespace: c.open},
+			Spec: batchv1.JobSpec{Suspend: ptr.To(true), Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever,
+				Containers: []corev1.Container{{Name: "c", Image: "trainer"}}}}}}
+		env.MustCreate(t, job)
+		if err := mgr.Patch(ctx, job.DeepCopy(), annPatch(v1alpha1.AnnotationLastConsistentCheckpoint, "700")); err != nil {
+			t.Errorf("the manager recording the consistent step on a Job: %v", err)
+		}
+		denied(t, "the manager resuming a suspended Job", mgr.Patch(ctx, job.DeepCopy(), mergePatch(map[string]any{"spec": map[string]any{"suspend": false}})), "gpupack-manager-job-writes")
+		// (A suspended Job's template takes scheduling directives: where its pods run.)
+		denied(t, "the manager steering a suspended Job's pods", mgr.Patch(ctx, job.DeepCopy(), mergePatch(map[string]any{"spec": map[string]any{"template": map[string]any{"spec": map[string]any{
+			"nodeSelector": map[string]string{"kubernetes.io/hostname": "node-a"}}}}})), "gpupack-manager-job-writes")
+		denied(t, "the manager relabelling a Job", mgr.Patch(ctx, job.DeepCopy(), mergePatch(map[string]any{"metadata": map[string]any{"labels": map[string]string{mutation.LabelQueueName: "other"}}})), "gpupack-manager-job-writes")
+		denied(t, "the manager writing another annotation on a Job", mgr.Patch(ctx, job.DeepCopy(), annPatch("example.com/x", "y")), "gpupack-manager-job-writes")
+		// (An owner reference to a missing UID would have the garbage
+		// collector delete the Job: second review, finding 4.)
+		denied(t, "the manager adding an owner reference to a Job", mgr.Patch(ctx, job.DeepCopy(), mergePatch(map[string]any{"metadata": map[string]any{"ownerReferences": []map[string]any{
+			{"apiVersion": "v1", "kind": "ConfigMap", "name": "gone", "uid": "00000000-0000-0000-0000-000000000000"}}}})), "gpupack-manager-job-writes")
 		if err := mgr.Delete(ctx, cur); err != nil && !strings.Contains(err.Error(), "not found") {
 			t.Errorf("the manager deleting a victim: %v", err)
 		}

@@ -160,6 +160,7 @@ func (c *cluster) placePod(t *testing.T, ns, name string, gpus []v1alpha1.GPUAss
 	env, ctx := c.env, c.env.Ctx
 	p := gpuPod(ns, name)
 	p.Annotations[v1alpha1.AnnotationPlan] = "plan-" + name
+	p.Spec.Containers[0].Resources.Limits = rl(v1alpha1.ResourceNvidiaGPU, strconv.Itoa(len(gpus)))
 	if err := c.alice.Create(ctx, p); err != nil {
 		t.Fatalf("tenant creating %s: %v", name, err)
 	}
@@ -279,6 +280,7 @@ func TestNodePath(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := map[string]string{"CUDA_DEVICE_MEMORY_LIMIT_0": fmt.Sprintf("%dm", limitMiB), "CUDA_DEVICE_SM_LIMIT_0": "30",
+		"GPUPACK_DEVICE_UUID_0":           g2,
 		"CUDA_DEVICE_MEMORY_SHARED_CACHE": "/var/run/gpupack/vgpu.cache", "GPUPACK_CONTEXT_RESERVE": "512m"}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Errorf("limits file, from the plan (-want +got):\n%s", d)
@@ -302,7 +304,7 @@ func TestNodePath(t *testing.T) {
 		for i, h := range hostile {
 			for _, mode := range []string{"direct", "gpa"} {
 				t.Run(fmt.Sprintf("%d/%s", i, mode), func(t *testing.T) {
-					res, logs := inContainer(t, r.Mounts, hooktest, h, mode, []int64{limitMiB + 1, 3072, 256})
+					res, logs := inContainer(t, r.Mounts, r.CdiDevices, hooktest, h, mode, []int64{limitMiB + 1, 3072, 256})
 					if n := res[0]; n != 0 {
 						t.Errorf("env %v: one %d MiB allocation went through under the plan's %d MiB\n%s", h, limitMiB+1, limitMiB, logs)
 					}
@@ -356,6 +358,104 @@ func TestNodePath(t *testing.T) {
 			})
 		}
 	})
+
+	// Findings 1 and 3: an unplanned gpupack.io/vgpu pod must never be
+	// handed a planned pod's slot, nor hold the kubelet. The tenant cannot
+	// create one (the webhook denies it); one that gets past the webhook
+	// (here: the administrator, in kube-system, which the webhooks do not
+	// see, bound straight to the node) is refused at Allocate.
+	t.Run("an unplanned pod is never handed a planned pod's slot", func(t *testing.T) {
+		g0 := pathGPUs[0].UUID
+		sneaky := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "sneaky", Namespace: "kube-system"},
+			Spec: corev1.PodSpec{NodeName: pathNode, Containers: []corev1.Container{{Name: "trainer", Image: "trainer:test",
+				Resources: corev1.ResourceRequirements{Limits: rl(v1alpha1.ResourceVGPU, "2", v1alpha1.ResourceGPUMemory, "8192")}}}},
+		}
+		tenantCopy := sneaky.DeepCopy()
+		tenantCopy.Namespace, tenantCopy.Spec.NodeName = c.open, ""
+		denied(t, "the tenant's unplanned gpupack.io/vgpu pod", c.alice.Create(ctx, tenantCopy), "has no gpupack.io/plan")
+		env.MustCreate(t, sneaky)
+		duo := c.placePod(t, c.open, "duo", []v1alpha1.GPUAssignment{{UUID: g0, MemoryMiB: limitMiB, Cores: 30}, {UUID: g1, MemoryMiB: limitMiB, Cores: 30}},
+			fmt.Sprintf("%s:%d,%s:%d", g0, limitMiB, g1, limitMiB))
+		np.waitBound(t, c, duo)
+		np.waitSeen(t, c, sneaky, corev1.PodPending)
+		_, _, err := np.kubelet.Allocate(ctx, v1alpha1.ResourceVGPU, 2)
+		if err == nil || !strings.Contains(err.Error(), "could be for any of") || !strings.Contains(err.Error(), "kube-system/sneaky (no plan)") || !strings.Contains(err.Error(), c.open+"/duo (planned") {
+			t.Fatalf("Allocate with an unplanned pod waiting next to a planned one: err = %v, want a refusal naming both", err)
+		}
+		for _, p := range []*corev1.Pod{sneaky, duo} {
+			if _, err := os.Stat(deviceplugin.LimitsFile(np.limDir, p.UID, "trainer")); err == nil {
+				t.Errorf("a limits file was written for %s", p.Name)
+			}
+			waitEvent(t, c, p, deviceplugin.ReasonAmbiguous)
+		}
+		// The kubelet fails the refused pod's admission. Whichever it was,
+		// the planned pod then gets exactly its own GPUs.
+		sneaky.Status.Phase = corev1.PodFailed
+		if err := env.Client.Status().Update(ctx, sneaky); err != nil {
+			t.Fatal(err)
+		}
+		np.waitSeen(t, c, sneaky, corev1.PodFailed)
+		r, _, err := np.kubelet.Allocate(ctx, v1alpha1.ResourceVGPU, 2)
+		if err != nil {
+			t.Fatalf("Allocate for the planned pod once the unplanned one failed: %v", err)
+		}
+		var cdi []string
+		for _, d := range r.CdiDevices {
+			cdi = append(cdi, d.Name)
+		}
+		if d := cmp.Diff([]string{"nvidia.com/gpu=" + g0, "nvidia.com/gpu=" + g1}, cdi); d != "" {
+			t.Errorf("CDI devices are not the planned pod's (-want +got):\n%s", d)
+		}
+		if _, err := os.Stat(deviceplugin.LimitsFile(np.limDir, duo.UID, "trainer")); err != nil {
+			t.Errorf("the planned pod's limits file: %v", err)
+		}
+		// An unplanned pod alone is refused at once, with an Event.
+		lone := sneaky.DeepCopy()
+		lone.ObjectMeta = metav1.ObjectMeta{Name: "lone", Namespace: "kube-system"}
+		lone.Status = corev1.PodStatus{}
+		lone.Spec.Containers[0].Resources = corev1.ResourceRequirements{Limits: rl(v1alpha1.ResourceVGPU, "3", v1alpha1.ResourceGPUMemory, "3")}
+		env.MustCreate(t, lone)
+		np.waitSeen(t, c, lone, corev1.PodPending)
+		if _, _, err := np.kubelet.Allocate(ctx, v1alpha1.ResourceVGPU, 3); err == nil || !strings.Contains(err.Error(), "kube-system/lone, which no GPUPlan covers") {
+			t.Errorf("Allocate for a lone unplanned pod: err = %v", err)
+		}
+		waitEvent(t, c, lone, deviceplugin.ReasonNoPlan)
+	})
+}
+
+// waitSeen waits until gpupack-node's own pod informer shows pod in phase.
+func (np *nodePlugin) waitSeen(t *testing.T, c *cluster, pod *corev1.Pod, phase corev1.PodPhase) {
+	t.Helper()
+	c.env.Eventually(t, 20*time.Second, pod.Name+" "+string(phase)+", as gpupack-node sees it", func() (bool, string) {
+		pods, err := np.pods.List()
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, p := range pods {
+			if p.UID == pod.UID {
+				return p.Status.Phase == phase, string(p.Status.Phase)
+			}
+		}
+		return false, "not seen"
+	})
+}
+
+// waitEvent waits for an Event of reason on pod.
+func waitEvent(t *testing.T, c *cluster, p *corev1.Pod, reason string) {
+	t.Helper()
+	c.env.Eventually(t, 20*time.Second, reason+" event on "+p.Name, func() (bool, string) {
+		list, err := c.env.Clientset.CoreV1().Events(p.Namespace).List(c.env.Ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, e := range list.Items {
+			if e.Reason == reason && e.InvolvedObject.UID == p.UID {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("%d events in %s", len(list.Items), p.Namespace)
+	})
 }
 
 // inContainer runs hooktest MODE grab <MiB> for each size in a private
@@ -363,7 +463,7 @@ func TestNodePath(t *testing.T) {
 // read-only where the response says so) and no other gpupack state: /etc
 // and /run are overlays, so nothing of this machine changes. It returns
 // how many allocations of each size succeeded, and the hook's log.
-func inContainer(t *testing.T, mounts []*pluginapi.Mount, hooktest string, hostile map[string]string, mode string, sizesMiB []int64) ([]int64, string) {
+func inContainer(t *testing.T, mounts []*pluginapi.Mount, cdi []*pluginapi.CDIDevice, hooktest string, hostile map[string]string, mode string, sizesMiB []int64) ([]int64, string) {
 	t.Helper()
 	dir := t.TempDir()
 	var script strings.Builder
@@ -413,6 +513,13 @@ func inContainer(t *testing.T, mounts []*pluginapi.Mount, hooktest string, hosti
 		cmd.Env = append(cmd.Env, kv)
 	}
 	cmd.Env = append(cmd.Env, "FAKECUDA_MEM="+strconv.FormatInt(80<<30, 10))
+	// The GPUs the runtime exposes (the CDI devices Allocate named), as
+	// the driver in the container reports them (cuDeviceGetUuid).
+	var uuids []string
+	for _, d := range cdi {
+		uuids = append(uuids, strings.TrimPrefix(d.Name, "nvidia.com/gpu="))
+	}
+	cmd.Env = append(cmd.Env, "FAKECUDA_UUIDS="+strings.Join(uuids, ","))
 	keys := make([]string, 0, len(hostile))
 	for k := range hostile {
 		keys = append(keys, k)

@@ -53,7 +53,11 @@ type cluster struct {
 	aliceCS *kubernetes.Clientset
 }
 
-func startCluster(t *testing.T) *cluster {
+func startCluster(t *testing.T) *cluster { return startClusterWith(t, nil) }
+
+// startClusterWith also installs the webhook entries of jobKinds
+// (webhooks.ServeOptions.JobKinds).
+func startClusterWith(t *testing.T, jobKinds []string) *cluster {
 	t.Helper()
 	env := framework.Start(t, framework.Options{NoKueue: true})
 	c := &cluster{env: env}
@@ -68,7 +72,9 @@ func startCluster(t *testing.T) *cluster {
 	}
 	opts := env.WebhookServer()
 	env.StartManager(t, func(mgr ctrl.Manager) error { return webhooks.Setup(mgr, webhooks.Config{}) }, opts)
-	mwc, vwc := webhooks.WebhookConfigurations(webhooks.DefaultServeOptions())
+	serve := webhooks.DefaultServeOptions()
+	serve.JobKinds = jobKinds
+	mwc, vwc := webhooks.WebhookConfigurations(serve)
 	env.InstallWebhooks(t, opts, mwc, vwc)
 
 	aggregate(t, env, "view") // edit aggregates view
@@ -215,15 +221,26 @@ func rl(kv ...string) corev1.ResourceList {
 	return out
 }
 
-// gpuPod is a fractional GPU pod that Pod Security baseline admits.
+// gpuPod is a fractional GPU pod that Pod Security baseline admits. It
+// carries a plan, as the pods of a workload the gang-fit check admitted
+// do: a fractional pod that can never get one is denied (unplannedPod).
 func gpuPod(ns, name string) *corev1.Pod {
 	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Annotations: map[string]string{v1alpha1.AnnotationGPUMemory: "4Gi"}},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Annotations: map[string]string{v1alpha1.AnnotationGPUMemory: "4Gi", v1alpha1.AnnotationPlan: "plan-" + name}},
 		Spec: corev1.PodSpec{
 			NodeSelector: map[string]string{flavors.LabelGPUProduct: h100},
 			Containers: []corev1.Container{{Name: "trainer", Image: "trainer:test",
 				Resources: corev1.ResourceRequirements{Limits: rl(v1alpha1.ResourceNvidiaGPU, "1")}}},
 		},
+	}
+}
+
+// wholeGPUPod asks for gpus whole GPUs, no queue name, no plan.
+func wholeGPUPod(ns, name, gpus string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "trainer", Image: "trainer:test",
+			Resources: corev1.ResourceRequirements{Limits: rl(v1alpha1.ResourceNvidiaGPU, gpus)}}}},
 	}
 }
 

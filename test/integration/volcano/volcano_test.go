@@ -21,6 +21,7 @@ import (
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -36,6 +37,8 @@ import (
 	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
 	"github.com/gpupack/gpupack/admissioncheck/topology"
 	"github.com/gpupack/gpupack/admissioncheck/volcano"
+	"github.com/gpupack/gpupack/preemption"
+	"github.com/gpupack/gpupack/preemption/ladder"
 	"github.com/gpupack/gpupack/test/framework"
 )
 
@@ -83,6 +86,9 @@ func TestVolcanoBridge(t *testing.T) {
 		if err := volcano.Setup(mgr, volcano.Options{}); err != nil {
 			return err
 		}
+		if err := preemption.SetupWithManager(mgr, preemption.Options{Slack: 5 * time.Second}); err != nil {
+			return err
+		}
 		return topology.Setup(mgr, topology.Options{})
 	})
 	env.WaitForAdmissionCheckActive(t, "gang-fit")
@@ -93,6 +99,8 @@ func TestVolcanoBridge(t *testing.T) {
 	t.Run("one PodGroup per admitted gang, gone when it finishes", b.testPodGroupFinish)
 	t.Run("PodGroup gone when the workload is evicted", b.testPodGroupEvicted)
 	t.Run("Unschedulable past patience turns the check to Retry", b.testUnschedulable)
+	t.Run("Volcano's evictor runs the checkpoint protocol (v1.12: delete)", func(t *testing.T) { b.testEvictor(t, false) })
+	t.Run("Volcano's evictor runs the checkpoint protocol (v1.13+: DisruptionTarget, delete)", func(t *testing.T) { b.testEvictor(t, true) })
 }
 
 // addNode creates a node and, as the node lifecycle controller would once
@@ -561,4 +569,211 @@ func waitWatch(t *testing.T, w watch.Interface, what string, cond func(*kueue.Wo
 			t.Fatalf("timed out waiting for %s", what)
 		}
 	}
+}
+
+// ---- Volcano's evictor as a trigger ----
+
+// volcanoEvict does to a pod what Volcano's scheduler does when its
+// preempt or reclaim action evicts a task (pkg/scheduler/cache/cache.go,
+// defaultEvictor.Evict): one status update — PodReady False, reason
+// "Evict"; since v1.13 also DisruptionTarget True, reason
+// PreemptionByScheduler — then a delete with no options. No Eviction API.
+func (b *bridge) volcanoEvict(t *testing.T, p *corev1.Pod, disruptionTarget bool) {
+	t.Helper()
+	env := b.env
+	cur, err := env.Clientset.CoreV1().Pods(p.Namespace).Get(env.Ctx, p.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := "Pod is evicted, because of preempt"
+	cur.Status.Conditions = append(cur.Status.Conditions, corev1.PodCondition{Type: corev1.PodReady, Status: corev1.ConditionFalse, Reason: "Evict", Message: msg, LastTransitionTime: metav1.Now()})
+	if disruptionTarget {
+		cur.Status.Conditions = append(cur.Status.Conditions, corev1.PodCondition{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue,
+			Reason: corev1.PodReasonPreemptionByScheduler, Message: volcano.SchedulerName + ": preempting to accommodate a higher priority pod", LastTransitionTime: metav1.Now()})
+	}
+	if _, err := env.Clientset.CoreV1().Pods(p.Namespace).UpdateStatus(env.Ctx, cur, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Clientset.CoreV1().Pods(p.Namespace).Delete(env.Ctx, p.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// testEvictor: Volcano evicts one opted-in rank of a running gang Kueue
+// has admitted. The coordinator evicts the whole Workload through Kueue,
+// asks every rank to checkpoint, and records the consistent step on the
+// job once the ranks are gone. No Volcano scheduler (nor training
+// operator, nor kubelet) runs: the test creates the job's pods, binds them
+// as Volcano's binder does, reports them Running, answers the checkpoint
+// requests as the agents would, and a finalizer stands for each running
+// container.
+func (b *bridge) testEvictor(t *testing.T, disruptionTarget bool) {
+	env := b.env
+	ns := env.Namespace(t, "evictor")
+	job := b.volcanoJob(t, ns, "train")
+	wl, pg := b.admittedWithPodGroup(t, ns, job.Name)
+	var pj kftraining.PyTorchJob
+	if err := env.Client.Get(env.Ctx, client.ObjectKeyFromObject(job), &pj); err != nil {
+		t.Fatal(err)
+	}
+	// The node is Ready, as its kubelet would report (no NotReady trigger).
+	var node corev1.Node
+	if err := env.Client.Get(env.Ctx, client.ObjectKey{Name: "n1"}, &node); err != nil {
+		t.Fatal(err)
+	}
+	if !apimetaNodeReady(&node) {
+		node.Status.Conditions = append(node.Status.Conditions, corev1.NodeCondition{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady", LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()})
+		if err := env.Client.Status().Update(env.Ctx, &node); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const kubelet = "test.gpupack.io/container-running"
+	var pods []*corev1.Pod
+	for _, rank := range []struct{ typ, idx string }{{"master", "0"}, {"worker", "0"}, {"worker", "1"}, {"worker", "2"}} {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "train-" + rank.typ + "-" + rank.idx, Namespace: ns,
+			Labels: map[string]string{"training.kubeflow.org/replica-type": rank.typ, "training.kubeflow.org/replica-index": rank.idx},
+			Annotations: map[string]string{v1alpha1.AnnotationCheckpoint: "true", v1alpha1.AnnotationCheckpointTimeout: "60s",
+				volcano.AnnotationGroupName: pg.Name},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: kftraining.SchemeGroupVersion.String(), Kind: kftraining.PyTorchJobKind, Name: pj.Name, UID: pj.UID, Controller: ptr.To(true)}},
+			Finalizers:      []string{kubelet}},
+			Spec: corev1.PodSpec{SchedulerName: volcano.SchedulerName, TerminationGracePeriodSeconds: ptr.To[int64](70),
+				Containers: []corev1.Container{{Name: "pytorch", Image: "train", Command: []string{"torchrun", "train.py"}}}}}
+		env.MustCreate(t, p)
+		if err := env.Clientset.CoreV1().Pods(ns).Bind(env.Ctx, &corev1.Binding{ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: ns},
+			Target: corev1.ObjectReference{Kind: "Node", Name: "n1"}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		cur, err := env.Clientset.CoreV1().Pods(ns).Get(env.Ctx, p.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cur.Status.Phase = corev1.PodRunning
+		cur.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: metav1.Now()}}
+		if cur, err = env.Clientset.CoreV1().Pods(ns).UpdateStatus(env.Ctx, cur, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		pods = append(pods, cur)
+	}
+	state := func() (ladder.State, *kueue.Workload) {
+		var cur kueue.Workload
+		if err := env.Client.Get(env.Ctx, client.ObjectKeyFromObject(wl), &cur); err != nil {
+			t.Fatal(err)
+		}
+		st, _ := preemption.PreemptionRecord(env.Ctx, env.Client, &cur)
+		return st, &cur
+	}
+	// Nothing happens to a running gang.
+	time.Sleep(2 * time.Second)
+	if st, _ := state(); st.Phase != ladder.PhaseNone {
+		t.Fatalf("running gang: preemption record %+v", st)
+	}
+
+	// Every Workload write is seen: with no training operator to report
+	// the job active, Kueue releases the quota at once and re-admits the
+	// workload (whose check then waits for the old ranks, or says Retry),
+	// so the coordinator's Evicted condition may last milliseconds.
+	wc, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := wc.Watch(env.Ctx, &kueue.WorkloadList{}, client.InNamespace(ns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	b.volcanoEvict(t, pods[2], disruptionTarget)
+	want := preemption.ReasonPodDeleted
+	if disruptionTarget {
+		want = preemption.ReasonDisruptionTarget
+	}
+	var seen []string
+	waitWatch(t, w, "the coordinator to evict the workload through Kueue", func(cur *kueue.Workload) bool {
+		c := apimeta.FindStatusCondition(cur.Status.Conditions, kueue.WorkloadEvicted)
+		if c == nil || cur.UID != wl.UID {
+			return false
+		}
+		seen = append(seen, fmt.Sprintf("%s/%s: %s", c.Status, c.Reason, c.Message))
+		if c.Status == metav1.ConditionTrue && c.Reason != preemption.KueueEvictionReason {
+			t.Fatalf("the workload was evicted by someone else first (%s/%s: %s); Evicted conditions seen: %q", c.Status, c.Reason, c.Message, seen)
+		}
+		return c.Status == metav1.ConditionTrue && strings.Contains(c.Message, want+" of pod "+pods[2].Name)
+	})
+	env.Eventually(t, 60*time.Second, "every rank asked", func() (bool, string) {
+		st, _ := state()
+		if st.Phase != ladder.PhaseCheckpointing || st.Reason != want || len(st.Ranks) != 4 {
+			return false, fmt.Sprintf("record phase %q reason %q, %d ranks", st.Phase, st.Reason, len(st.Ranks))
+		}
+		for _, p := range pods {
+			var cp corev1.Pod
+			if err := env.Client.Get(env.Ctx, client.ObjectKeyFromObject(p), &cp); err != nil || cp.Annotations[v1alpha1.AnnotationCheckpointRequest] == "" {
+				return false, p.Name + " not asked yet"
+			}
+		}
+		return true, ""
+	})
+	// Every rank's agent saves step 700 and reports it; the containers
+	// stop once their pods are deleted.
+	for _, p := range pods {
+		raw := []byte(fmt.Sprintf(`{"metadata":{"annotations":{%q:"700"}}}`, v1alpha1.AnnotationCheckpointStep))
+		if err := env.Client.Patch(env.Ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: ns}}, client.RawPatch(types.MergePatchType, raw)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	env.Eventually(t, 90*time.Second, "ranks deleted, preemption Done with step 700 on the job", func() (bool, string) {
+		left := 0
+		for _, p := range pods {
+			var cp corev1.Pod
+			if err := env.Client.Get(env.Ctx, client.ObjectKeyFromObject(p), &cp); err != nil {
+				continue
+			}
+			left++
+			if cp.DeletionTimestamp != nil && len(cp.Finalizers) > 0 {
+				cp.Finalizers = nil
+				_ = env.Client.Update(env.Ctx, &cp)
+			}
+		}
+		st, _ := state()
+		if st.Phase == ladder.PhaseDone {
+			for uid, o := range st.Outcomes {
+				if o != ladder.OutcomeSaved {
+					t.Errorf("rank %s outcome %s, want Saved", uid, o)
+				}
+			}
+		}
+		// Done lasts only until Kueue re-admits the workload (the record is
+		// then reset): its Event stays.
+		var cur kftraining.PyTorchJob
+		_ = env.Client.Get(env.Ctx, client.ObjectKeyFromObject(job), &cur)
+		done := b.events(t, ns, wl.Name, preemption.EventDone)
+		return left == 0 && done == 1 && cur.Annotations[v1alpha1.AnnotationLastConsistentCheckpoint] == "700",
+			fmt.Sprintf("record %q (outcomes %v), %d pods left, %d Done Events, job step %q", st.Phase, st.Outcomes, left, done, cur.Annotations[v1alpha1.AnnotationLastConsistentCheckpoint])
+	})
+	if n := b.events(t, ns, wl.Name, preemption.EventEvictingWorkload); n != 1 {
+		t.Errorf("%d %s Events on the workload, want 1", n, preemption.EventEvictingWorkload)
+	}
+}
+
+// events counts the Events of one reason on an object of ns.
+func (b *bridge) events(t *testing.T, ns, name, reason string) int {
+	t.Helper()
+	var evs corev1.EventList
+	if err := b.env.Client.List(b.env.Ctx, &evs, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range evs.Items {
+		if e.InvolvedObject.Name == name && e.Reason == reason {
+			n++
+		}
+	}
+	return n
+}
+
+func apimetaNodeReady(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }

@@ -2,6 +2,7 @@ package webhooks
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 	"github.com/gpupack/gpupack/flavors"
 	"github.com/gpupack/gpupack/test/framework"
 	"github.com/gpupack/gpupack/webhooks"
+	"github.com/gpupack/gpupack/webhooks/mutation"
 )
 
 // podMutations counts the pod mutating webhook's answers in this process.
@@ -107,9 +109,21 @@ func TestPodFastPath(t *testing.T) {
 	env.Eventually(t, 30*time.Second, "the manager installs the fast-path condition", fastPathInstalled)
 
 	ns := env.Namespace(t, "fast")
+	// No Kueue here: the namespace opts out of the unmanaged-GPU policy,
+	// and the template carries the plan Kueue's podSetUpdates would write
+	// (a fractional pod without a plan is denied, and never takes the fast
+	// path).
+	nsObj := &corev1.Namespace{}
+	if err := env.Client.Get(ctx, client.ObjectKey{Name: ns}, nsObj); err != nil {
+		t.Fatal(err)
+	}
+	nsObj.Labels[mutation.NamespaceLabelUnmanagedGPUs] = "allow"
+	if err := env.Client.Update(ctx, nsObj); err != nil {
+		t.Fatal(err)
+	}
 	job := &batchv1.Job{
 		ObjectMeta: metav1.ObjectMeta{Name: "train", Namespace: ns, Annotations: map[string]string{v1alpha1.AnnotationGPUMemory: "20Gi"}},
-		Spec: batchv1.JobSpec{Suspend: ptr.To(true), Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{
+		Spec: batchv1.JobSpec{Suspend: ptr.To(true), Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{v1alpha1.AnnotationPlan: "plan-0"}}, Spec: corev1.PodSpec{
 			RestartPolicy: corev1.RestartPolicyNever,
 			NodeSelector:  map[string]string{flavors.LabelGPUProduct: "NVIDIA-H100-80GB-HBM3"},
 			Containers: []corev1.Container{{Name: "trainer", Image: "trainer:test", Resources: limits(v1alpha1.ResourceNvidiaGPU, "1"),
@@ -176,7 +190,7 @@ func TestPodFastPath(t *testing.T) {
 			p.Spec.Containers[0].Env = append(p.Spec.Containers[0].Env, evil)
 		}, noPreload},
 		{"a plan without the placement gate", controller, func(p *corev1.Pod) {
-			p.Annotations[v1alpha1.AnnotationPlan] = "some-plan"
+			p.Spec.SchedulingGates = nil
 		}, func(p *corev1.Pod) string {
 			if !hasGate(&p.Spec, v1alpha1.SchedulingGatePlacement) {
 				return fmt.Sprintf("gates %v", p.Spec.SchedulingGates)
@@ -205,6 +219,19 @@ func TestPodFastPath(t *testing.T) {
 		if msg := tc.check(p); msg != "" {
 			t.Errorf("%s: %s", tc.name, msg)
 		}
+	}
+
+	// A fractional pod without a plan from a marked template (a job Kueue
+	// started without gang-fit) is not skipped: the webhook denies it.
+	before = podMutations(t)
+	noPlan := podFromTemplate(job, "no-plan")
+	delete(noPlan.Annotations, v1alpha1.AnnotationPlan)
+	noPlan.Spec.SchedulingGates = nil
+	if err := controller.Create(ctx, noPlan); err == nil || !strings.Contains(err.Error(), "has no gpupack.io/plan") {
+		t.Errorf("a fractional pod without a plan: %v, want the webhook's denial", err)
+	}
+	if d := podMutations(t) - before; d != 1 {
+		t.Errorf("a fractional pod without a plan: the pod webhook answered %v times, want 1", d)
 	}
 
 	// Kueue starting the job writes the plan into the template; the job

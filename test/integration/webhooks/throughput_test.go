@@ -154,6 +154,9 @@ func TestPodCreateThroughput(t *testing.T) {
 	}
 	job := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "train", UID: "job-uid", Annotations: map[string]string{v1alpha1.AnnotationGPUMemory: "20Gi"}},
 		Spec: batchv1.JobSpec{Template: corev1.PodTemplateSpec{Spec: gpuPod("", "", nil, corev1.Container{Resources: oneGPU}).Spec}}}
+	// As Kueue starts it: podSetUpdates name the GPUPlan (a fractional pod
+	// without one is denied, and never takes the fast path).
+	job.Spec.Template.Annotations = map[string]string{v1alpha1.AnnotationPlan: "plan-train"}
 	if _, err := m.Job(job); err != nil {
 		t.Fatal(err)
 	}
@@ -191,7 +194,9 @@ func TestPodCreateThroughput(t *testing.T) {
 						return
 					}
 					name := fmt.Sprintf("p-%d", i)
-					p, c := gpuPod(ns, name, map[string]string{v1alpha1.AnnotationGPUMemory: "20Gi"}, corev1.Container{Resources: oneGPU}), env.Client
+					// A bare fractional pod as Kueue's pod integration admits
+					// it: with its plan (one without is denied).
+					p, c := gpuPod(ns, name, map[string]string{v1alpha1.AnnotationGPUMemory: "20Gi", v1alpha1.AnnotationPlan: "plan-bench"}, corev1.Container{Resources: oneGPU}), env.Client
 					if v.cpu {
 						p = gpuPod(ns, name, nil, corev1.Container{Resources: limits("cpu", "1")})
 					}

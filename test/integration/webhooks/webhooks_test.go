@@ -28,6 +28,7 @@ import (
 	"github.com/gpupack/gpupack/flavors"
 	"github.com/gpupack/gpupack/test/framework"
 	"github.com/gpupack/gpupack/webhooks"
+	"github.com/gpupack/gpupack/webhooks/mutation"
 )
 
 // startWebhooks serves gpupack's webhooks (and whatever also registers) from
@@ -70,6 +71,16 @@ func gpuPod(ns, name string, ann map[string]string, c corev1.Container) *corev1.
 		c.Name = "c"
 	}
 	c.Image = "trainer:test"
+	// A GPU pod carries the plan the gang-fit check gave its workload: a
+	// fractional pod that can never get one is denied (and gated if it can).
+	if _, gpu := c.Resources.Limits[v1alpha1.ResourceNvidiaGPU]; gpu {
+		if ann == nil {
+			ann = map[string]string{}
+		}
+		if _, ok := ann[v1alpha1.AnnotationPlan]; !ok {
+			ann[v1alpha1.AnnotationPlan] = "plan-" + name
+		}
+	}
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Annotations: ann},
 		Spec: corev1.PodSpec{
@@ -92,6 +103,16 @@ func TestWebhooks(t *testing.T) {
 	stop, _ := startWebhooks(t, env, webhooks.Config{})
 	ns := env.Namespace(t, "wh")
 	ctx := env.Ctx
+	// This suite keeps jobs out of Kueue on purpose (unqueued) to look at
+	// the mutation alone: its namespace opts out of the unmanaged-GPU policy.
+	nsObj := &corev1.Namespace{}
+	if err := env.Client.Get(ctx, client.ObjectKey{Name: ns}, nsObj); err != nil {
+		t.Fatal(err)
+	}
+	nsObj.Labels[mutation.NamespaceLabelUnmanagedGPUs] = "allow"
+	if err := env.Client.Update(ctx, nsObj); err != nil {
+		t.Fatal(err)
+	}
 	oneGPU := limits(v1alpha1.ResourceNvidiaGPU, "1")
 
 	t.Run("denials", func(t *testing.T) {

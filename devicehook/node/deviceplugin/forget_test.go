@@ -1,0 +1,44 @@
+package deviceplugin
+
+import (
+	"errors"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
+
+	v1alpha1 "github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
+)
+
+// TestForgetGonePods: the Events a plugin already told pods (refusals,
+// unsafe requests) are remembered only while the pods are on the node;
+// a pod still there is not told again.
+func TestForgetGonePods(t *testing.T) {
+	rec := record.NewFakeRecorder(100)
+	p := New(Config{ResourceName: v1alpha1.ResourceVGPU, NodeName: "n1", Recorder: rec})
+	pod := func(uid string) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p-" + uid, Namespace: "ns", UID: types.UID(uid)}}
+	}
+	keep := pod("keep")
+	for _, uid := range []string{"a", "b", "c", "keep"} {
+		p.tellRefused([]Refusal{{Pod: pod(uid), Err: errors.New("no")}})
+		p.tellUnsafe(Decision{Unplanned: pod(uid)}, errors.New("no plan"))
+	}
+	if n := p.remembered(); n != 8 {
+		t.Fatalf("%d entries remembered, want 8", n)
+	}
+	p.Forget(map[types.UID]bool{keep.UID: true})
+	if n := p.remembered(); n != 2 {
+		t.Errorf("%d entries after the others left, want keep's 2", n)
+	}
+	for len(rec.Events) > 0 {
+		<-rec.Events
+	}
+	p.tellRefused([]Refusal{{Pod: keep, Err: errors.New("no")}})
+	p.tellUnsafe(Decision{Unplanned: keep}, errors.New("no plan"))
+	if len(rec.Events) != 0 {
+		t.Errorf("a pod still on the node was told again: %d events", len(rec.Events))
+	}
+}

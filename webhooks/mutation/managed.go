@@ -1,0 +1,202 @@
+package mutation
+
+import (
+	"fmt"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
+)
+
+// LabelQueueName is Kueue's queue label.
+const LabelQueueName = "kueue.x-k8s.io/queue-name"
+
+// Framework is the name Kueue's integrations.frameworks gives an object
+// kind: "pod", "deployment", "statefulset" for those core kinds, else
+// "<group>/<lowercase kind>" ("batch/job", "kubeflow.org/pytorchjob").
+func Framework(apiVersion, kind string) string {
+	group := ""
+	if i := strings.Index(apiVersion, "/"); i >= 0 {
+		group = apiVersion[:i]
+	}
+	switch {
+	case group == "" && kind == "Pod":
+		return "pod"
+	case group == "apps" && kind == "Deployment":
+		return "deployment"
+	case group == "apps" && kind == "StatefulSet":
+		return "statefulset"
+	}
+	return group + "/" + strings.ToLower(kind)
+}
+
+// Integrates reports whether Kueue, as configured, runs framework.
+func (m *Mutator) Integrates(framework string) bool {
+	for _, f := range m.cfg.Kueue.Frameworks {
+		if f == framework {
+			return true
+		}
+	}
+	return false
+}
+
+// KueueRegistered are the frameworks Kueue v0.17 has built in, whether or
+// not its integrations.frameworks enables them. Kueue's walk up a child's
+// controller owners (jobframework.FindAncestorJobManagedByKueue) passes
+// through an owner of any of these kinds, enabled or not (isKnownOwner
+// looks at every registered integration), and stops only at a kind it does
+// not know: a Job of a JobSet that a TrainJob made is managed through the
+// TrainJob even where Kueue's JobSet integration is off.
+var KueueRegistered = []string{
+	"batch/job", "jobset.x-k8s.io/jobset", "trainer.kubeflow.org/trainjob",
+	"leaderworkerset.x-k8s.io/leaderworkerset", "kubeflow.org/mpijob",
+	"kubeflow.org/pytorchjob", "kubeflow.org/tfjob", "kubeflow.org/xgboostjob",
+	"kubeflow.org/paddlejob", "kubeflow.org/jaxjob", "ray.io/rayjob",
+	"ray.io/raycluster", "ray.io/rayservice", "sparkoperator.k8s.io/sparkapplication",
+	"workload.codeflare.dev/appwrapper", "pod", "deployment", "statefulset",
+}
+
+// KueueKnows reports whether framework is one of KueueRegistered.
+func KueueKnows(framework string) bool {
+	for _, f := range KueueRegistered {
+		if f == framework {
+			return true
+		}
+	}
+	return false
+}
+
+// ManagesItself reports whether Kueue manages an object of framework by
+// its own labels, as Kueue decides it: the framework is integrated, and
+// the object names a queue or Kueue manages jobs without one. (An object
+// whose controlling owner Kueue manages is managed through that owner;
+// the admission adapter walks the owners.)
+func (m *Mutator) ManagesItself(framework string, labels map[string]string) bool {
+	if !m.Integrates(framework) {
+		return false
+	}
+	return labels[LabelQueueName] != "" || m.cfg.Kueue.ManageJobsWithoutQueueName
+}
+
+// NamespaceSelectorNeedsLabels reports whether deciding NamespaceSelected
+// needs the namespace's labels; when false its name is enough.
+func (m *Mutator) NamespaceSelectorNeedsLabels() bool { return m.nsSelectorNeedsLabels }
+
+// NamespaceSelected reports whether Kueue's managedJobsNamespaceSelector
+// selects the namespace name with labels nsLabels (nil when only the
+// name is known: see NamespaceSelectorNeedsLabels). Kueue manages nothing
+// in a namespace it does not select.
+func (m *Mutator) NamespaceSelected(name string, nsLabels map[string]string) bool {
+	if m.nsSelector == nil {
+		return true
+	}
+	set := labels.Set{corev1.LabelMetadataName: name}
+	for k, v := range nsLabels {
+		set[k] = v
+	}
+	set[corev1.LabelMetadataName] = name
+	return m.nsSelector.Matches(set)
+}
+
+// selectorReadsMoreThanTheName: s has a term on a label other than
+// kubernetes.io/metadata.name, which the apiserver keeps equal to the
+// namespace's name.
+func selectorReadsMoreThanTheName(s *metav1.LabelSelector) bool {
+	if s == nil {
+		return false
+	}
+	for k := range s.MatchLabels {
+		if k != corev1.LabelMetadataName {
+			return true
+		}
+	}
+	for _, r := range s.MatchExpressions {
+		if r.Key != corev1.LabelMetadataName {
+			return true
+		}
+	}
+	return false
+}
+
+// CreatesForOwners reports whether user (with groups) is one the
+// unmanaged-GPU policy trusts to create objects for their controlling
+// owner: unmanagedGPUs.ownerControllers, or a cluster admin.
+func (m *Mutator) CreatesForOwners(user string, groups []string) bool {
+	for _, g := range groups {
+		if g == "system:masters" {
+			return true
+		}
+	}
+	for _, u := range m.cfg.UnmanagedGPUs.OwnerControllers {
+		if u == user {
+			return true
+		}
+	}
+	return false
+}
+
+// Unmanaged is what the admission adapter found out about a GPU object
+// that Kueue will not manage.
+type Unmanaged struct {
+	// Why Kueue will not manage it (for the message).
+	Why string
+	// NamespaceAllows: its namespace carries
+	// NamespaceLabelUnmanagedGPUs=allow.
+	NamespaceAllows bool
+}
+
+// CheckUnmanaged is the unmanaged-GPU policy for a GPU object (what: "pod",
+// "Job", …) that Kueue will not manage: nil under Allow or in a namespace
+// that opted out, else a denial that says what to do.
+func (m *Mutator) CheckUnmanaged(what string, u Unmanaged) error {
+	if m.cfg.UnmanagedGPUs.Policy == UnmanagedAllow || u.NamespaceAllows {
+		return nil
+	}
+	return fmt.Errorf("%s asks for GPUs but Kueue will not manage it (%s), so it would hold GPUs outside every quota; submit it through Kueue (label %s: <local queue>), or have an administrator label the namespace %s=allow", what, u.Why, LabelQueueName, NamespaceLabelUnmanagedGPUs)
+}
+
+// placementGate brings a fractional GPU pod behind the gpupack.io/placement
+// gate (finding 1): gpupack-node serves a fractional slot only to a pod
+// bound to a GPUPlan slot, and only the ungater lifts the gate, once it
+// has bound the pod. A pod that can never get a plan is denied here, at
+// creation, with the reason, rather than left to fail at the kubelet.
+func (m *Mutator) placementGate(p *corev1.Pod, anyFractional bool) error {
+	_, planned := p.Annotations[v1alpha1.AnnotationPlan]
+	switch {
+	case planned:
+	case !anyFractional || m.cfg.hami():
+		return nil
+	case m.ManagesItself("pod", p.Labels):
+		// Kueue's pod integration manages it: it may get a plan when
+		// Kueue admits it; until then the gate holds it.
+	case m.Integrates("pod") && podOfKueuePodGroup(p):
+		// A pod a StatefulSet or ReplicaSet makes (LWS groups,
+		// Deployments) may meet gpupack's webhook before Kueue's pod
+		// webhook has labelled it: it waits at the gate, which only a
+		// plan lifts (gpupack-node serves no slot without one).
+	default:
+		return fmt.Errorf("pod: a fractional GPU (%s or %s) is served only to pods that gpupack's gang-fit admission check placed, and this pod has no %s and will not get one (Kueue does not manage it: no %s label, or Kueue's pod integration is off); create it from a Job or PyTorchJob labelled %s whose ClusterQueue uses the gpupack.io/gang-fit check", v1alpha1.AnnotationGPUMemory, v1alpha1.ResourceVGPU, v1alpha1.AnnotationPlan, LabelQueueName, LabelQueueName)
+	}
+	addGate(&p.Spec, v1alpha1.SchedulingGatePlacement)
+	return nil
+}
+
+// podOfKueuePodGroup reports whether Kueue's pod integration may still
+// take p in: it carries Kueue's own gate or pod-group label, or a
+// StatefulSet or ReplicaSet controls it (Kueue's pod webhook labels such
+// pods from their owners, possibly after gpupack's webhook has run).
+func podOfKueuePodGroup(p *corev1.Pod) bool {
+	for _, g := range p.Spec.SchedulingGates {
+		if g.Name == "kueue.x-k8s.io/admission" {
+			return true
+		}
+	}
+	if p.Labels["kueue.x-k8s.io/pod-group-name"] != "" {
+		return true
+	}
+	owner := metav1.GetControllerOf(p)
+	return owner != nil && owner.APIVersion == "apps/v1" && (owner.Kind == "StatefulSet" || owner.Kind == "ReplicaSet")
+}
