@@ -459,7 +459,7 @@ func TestTrainJobControllerTenantLDPreloadNeverReachesAPod(t *testing.T) {
 	env.WaitForWorkloadOf(t, s.ns, "evil", "TrainJob", admitted)
 	logPath := filepath.Join(env.Dir, "trainer.log")
 	want := `replicatedJobs[node].template: container \"node\" sets LD_PRELOAD, which gpupack owns on GPU containers`
-	env.Eventually(t, 60*time.Second, "the Trainer's JobSet refused by gpupack's JobSet webhook", func() (bool, string) {
+	env.Eventually(t, 3*time.Minute, "the Trainer's JobSet refused by gpupack's JobSet webhook", func() (bool, string) {
 		raw, err := os.ReadFile(logPath)
 		if err != nil {
 			return false, err.Error()
