@@ -989,13 +989,13 @@ type Verdict struct {
 // (inventory.GangFromPodSets): each pod set avoids the nodes where a bound
 // pod conflicts with it.
 func (s *Snapshot) Decide(g fit.Gang, aff []inventory.PodAffinity, o fit.Options) Verdict {
-	now, byTerminating := s.avoid(g, aff, false)
+	now, byTerminating := s.avoid(g, aff, false, nil)
 	v := Verdict{Result: s.Model.Fit(now, o)}
 	if v.Result.Fits {
 		return v
 	}
 	if s.Terminating > 0 || len(s.c.ghosts) > 0 || byTerminating {
-		settled, _ := s.avoid(g, aff, true)
+		settled, _ := s.avoid(g, aff, true, nil)
 		v.SettledFits = s.Settled().Fit(settled, o).Fits
 	}
 	if !v.SettledFits {
@@ -1012,11 +1012,22 @@ func (s *Snapshot) Decide(g fit.Gang, aff []inventory.PodAffinity, o fit.Options
 // pod's node's value of the term's topologyKey) — the two directions the
 // scheduler's InterPodAffinity filter checks. settled leaves terminating
 // pods out; byTerminating reports whether one of them kept a node off.
-func (s *Snapshot) avoid(g fit.Gang, aff []inventory.PodAffinity, settled bool) (fit.Gang, bool) {
+// skip, when set, is the plan g is checked for (Overbooked): its own slots,
+// and the pods bound to them, are not others that g must avoid.
+func (s *Snapshot) avoid(g fit.Gang, aff []inventory.PodAffinity, settled bool, skip *planEntry) (fit.Gang, bool) {
 	// The common case costs nothing: no pod set has terms of its own and no
 	// bound pod has any.
 	if len(s.c.anti) == 0 && s.c.antiPlans == 0 && !slices.ContainsFunc(aff, func(a inventory.PodAffinity) bool { return len(a.Anti) > 0 }) {
 		return g, false
+	}
+	var own map[types.UID]bool
+	if skip != nil {
+		own = map[types.UID]bool{}
+		for _, sl := range skip.slots {
+			if sl.PodUID != "" {
+				own[sl.PodUID] = true
+			}
+		}
 	}
 	byTerminating := false
 	out := g
@@ -1047,7 +1058,7 @@ func (s *Snapshot) avoid(g fit.Gang, aff []inventory.PodAffinity, settled bool) 
 		if len(a.Anti) > 0 {
 			scan := func(pods map[types.UID]*podMeta) {
 				for _, m := range pods {
-					if !set[m.Node] && inventory.AntiMayMatch(a.Anti, a.Namespace, a.Labels, m.Namespace, m.Labels, true) {
+					if !set[m.Node] && !own[m.uid] && inventory.AntiMayMatch(a.Anti, a.Namespace, a.Labels, m.Namespace, m.Labels, true) {
 						add(m.terminating, m.Node)
 					}
 				}
@@ -1094,14 +1105,16 @@ func (s *Snapshot) avoid(g fit.Gang, aff []inventory.PodAffinity, settled bool) 
 			}
 		}
 		for _, m := range s.c.anti {
-			theirs(m.Anti, m.Namespace, m.Labels, m.Node, m.terminating)
+			if !own[m.uid] {
+				theirs(m.Anti, m.Namespace, m.Labels, m.Node, m.terminating)
+			}
 		}
 		// Plan slots whose pods are not bound yet stand for them on their
 		// nodes (the pods may not exist yet, or be pinned but not bound):
 		// their labels and terms are the plan's record of the templates.
 		for _, plans := range []map[types.NamespacedName]*planEntry{s.c.plans, s.c.assumed} {
 			for _, e := range plans {
-				if e.pods == nil || (!e.anti && len(a.Anti) == 0) {
+				if e.pods == nil || (!e.anti && len(a.Anti) == 0) || (skip != nil && e.key == skip.key) {
 					continue
 				}
 				for _, sl := range e.slots {
@@ -1229,7 +1242,45 @@ func (s *Snapshot) Overbooked(key types.NamespacedName) string {
 			m.UseNode(sl.Node, r, 1)
 		}
 	}
+	if why == "" {
+		why = s.antiConflict(e)
+	}
 	return why
+}
+
+// antiConflict says which counted slot of e sits on a node its pod set's
+// required anti-affinity (or another pod's, or another plan's slot's)
+// keeps it off, as Decide would have planned it now ("" if none). e's own
+// slots were kept apart when it was planned and are not checked against
+// each other.
+func (s *Snapshot) antiConflict(e *planEntry) string {
+	if e.pods == nil && len(s.c.anti) == 0 && s.c.antiPlans == 0 {
+		return ""
+	}
+	var g fit.Gang
+	var aff []inventory.PodAffinity
+	for i, sl := range e.slots {
+		if !e.counted[i] || slices.ContainsFunc(g.PodSets, func(ps fit.PodSet) bool { return ps.Name == sl.PodSet }) {
+			continue
+		}
+		g.PodSets = append(g.PodSets, fit.PodSet{Name: sl.PodSet})
+		pp := e.pods[sl.PodSet] // zero without a record: only others' terms then
+		aff = append(aff, inventory.PodAffinity{PodSet: sl.PodSet, Namespace: e.key.Namespace, Labels: pp.Labels, Anti: pp.Anti})
+	}
+	out, _ := s.avoid(g, aff, false, e)
+	for i, sl := range e.slots {
+		if !e.counted[i] {
+			continue
+		}
+		for _, ps := range out.PodSets {
+			if ps.Name == sl.PodSet {
+				if _, found := slices.BinarySearch(ps.AvoidNodes, sl.Node); found {
+					return fmt.Sprintf("slot %s/%d on node %s conflicts with a required pod anti-affinity there", sl.PodSet, sl.Index, sl.Node)
+				}
+			}
+		}
+	}
+	return ""
 }
 
 // nodeShort says which of a slot's requests its node cannot take now ("" if

@@ -99,3 +99,94 @@ func TestOverbookedSeesSlotsAndNodeResources(t *testing.T) {
 		})
 	}
 }
+
+// TestOverbookedSeesPodAntiAffinity: a stored plan learned from the API (an
+// earlier leader's write, planned before this process saw the pods or
+// plans next to it) is reused only where the scheduler could still bind
+// its pods: not on a node where its pod set's required anti-affinity
+// selects a running pod or another plan's unbound slot, nor where a running
+// pod's or another plan's own terms select its pods. Its own slots (kept
+// apart when it was planned) and its own bound pods do not count against it.
+func TestOverbookedSeesPodAntiAffinity(t *testing.T) {
+	key := types.NamespacedName{Namespace: "ns", Name: "a"}
+	app := map[string]string{"app": "infer"}
+	db := map[string]string{"app": "db"}
+	apart := func(sel map[string]string) []corev1.PodAffinityTerm {
+		return []corev1.PodAffinityTerm{{TopologyKey: corev1.LabelHostname, LabelSelector: &metav1.LabelSelector{MatchLabels: sel}}}
+	}
+	// plan: name, slots on nodes (one GPU each, index i), its pods' labels
+	// and anti-affinity terms, bindings slot i → pod uid.
+	plan := func(name string, labels map[string]string, anti []corev1.PodAffinityTerm, bound map[int32]string, nodes ...string) *v1alpha1.GPUPlan {
+		p := &v1alpha1.GPUPlan{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", UID: types.UID("obj-" + name)},
+			Spec: v1alpha1.GPUPlanSpec{WorkloadUID: types.UID(name + "-uid")}}
+		for i, n := range nodes {
+			p.Spec.Assignments = append(p.Spec.Assignments, v1alpha1.PodAssignment{PodSet: "main", Index: int32(i), Node: n,
+				GPUs: []v1alpha1.GPUAssignment{{UUID: n + "-g" + string(rune('0'+i)), MemoryMiB: 1000}}})
+		}
+		for i, uid := range bound {
+			p.Status.Bindings = append(p.Status.Bindings, v1alpha1.SlotBinding{PodSet: "main", Index: i, PodName: uid, PodUID: types.UID(uid)})
+		}
+		if f := inventory.FormatPodAffinity([]inventory.PodAffinity{{PodSet: "main", Labels: labels, Anti: anti}}); f != "" {
+			p.Annotations = map[string]string{v1alpha1.AnnotationPodAffinity: f}
+		}
+		return p
+	}
+	cases := []struct {
+		name  string
+		pods  []*corev1.Pod
+		plans []*v1alpha1.GPUPlan
+		want  string
+	}{{
+		name:  "nothing else on its nodes",
+		plans: []*v1alpha1.GPUPlan{plan("a", app, apart(app), nil, "n1", "n2")},
+	}, {
+		name:  "its own slots are apart and do not count against each other",
+		pods:  []*corev1.Pod{runningPod("other", "n3", app)},
+		plans: []*v1alpha1.GPUPlan{plan("a", app, apart(app), nil, "n1", "n2")},
+	}, {
+		name:  "its term selects a running pod on a planned node",
+		pods:  []*corev1.Pod{runningPod("p1", "n2", app)},
+		plans: []*v1alpha1.GPUPlan{plan("a", app, apart(app), nil, "n1", "n2")},
+		want:  "slot main/1 on node n2 conflicts",
+	}, {
+		name:  "a running pod's own term selects its pods",
+		pods:  []*corev1.Pod{runningPod("p1", "n1", db, apart(app)...)},
+		plans: []*v1alpha1.GPUPlan{plan("a", app, nil, nil, "n1")},
+		want:  "slot main/0 on node n1 conflicts",
+	}, {
+		name:  "another plan's unbound slot its term selects",
+		plans: []*v1alpha1.GPUPlan{plan("b", app, nil, nil, "n1"), plan("a", app, apart(app), nil, "n1")},
+		want:  "slot main/0 on node n1 conflicts",
+	}, {
+		name:  "another plan's terms select its pods",
+		plans: []*v1alpha1.GPUPlan{plan("b", db, apart(app), nil, "n1"), plan("a", app, nil, nil, "n1")},
+		want:  "slot main/0 on node n1 conflicts",
+	}, {
+		name:  "its own bound pod is not another pod",
+		pods:  []*corev1.Pod{runningPod("mine", "n3", app)},
+		plans: []*v1alpha1.GPUPlan{plan("a", app, apart(app), map[int32]string{0: "mine"}, "n3", "n1")},
+	}, {
+		name:  "a running pod of another namespace is not selected",
+		pods:  []*corev1.Pod{func() *corev1.Pod { p := runningPod("p1", "n1", app); p.Namespace = "other"; return p }()},
+		plans: []*v1alpha1.GPUPlan{plan("a", app, apart(app), nil, "n1")},
+	}}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := New(nil)
+			for _, n := range []string{"n1", "n2", "n3"} {
+				c.UpsertNode(node(n, 2))
+			}
+			for _, p := range tc.pods {
+				c.UpsertPod(p)
+			}
+			for _, p := range tc.plans {
+				c.UpsertPlan(p)
+			}
+			var why string
+			c.Read(flavors.DefaultBuffer(), func(s *Snapshot) { why = s.Overbooked(key) })
+			if (tc.want == "") != (why == "") || !strings.Contains(why, tc.want) {
+				t.Errorf("Overbooked = %q, want %q", why, tc.want)
+			}
+		})
+	}
+}

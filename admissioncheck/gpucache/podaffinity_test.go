@@ -72,14 +72,14 @@ func TestDecideAvoidsNodesOfConflictingPods(t *testing.T) {
 			}
 			g := fit.Gang{PodSets: []fit.PodSet{{Name: "w", Count: 1, GPUsPerPod: 1}}}
 			var got fit.Gang
-			c.Read(flavors.DefaultBuffer(), func(s *Snapshot) { got, _ = s.avoid(g, []inventory.PodAffinity{tc.aff}, false) })
+			c.Read(flavors.DefaultBuffer(), func(s *Snapshot) { got, _ = s.avoid(g, []inventory.PodAffinity{tc.aff}, false, nil) })
 			if d := cmp.Diff(tc.want, got.PodSets[0].AvoidNodes); d != "" {
 				t.Errorf("AvoidNodes (-want +got):\n%s", d)
 			}
 			for _, p := range tc.pods {
 				c.DeletePod(p.UID)
 			}
-			c.Read(flavors.DefaultBuffer(), func(s *Snapshot) { got, _ = s.avoid(g, []inventory.PodAffinity{tc.aff}, false) })
+			c.Read(flavors.DefaultBuffer(), func(s *Snapshot) { got, _ = s.avoid(g, []inventory.PodAffinity{tc.aff}, false, nil) })
 			if len(got.PodSets[0].AvoidNodes) != 0 {
 				t.Errorf("pods deleted, still avoided: %v", got.PodSets[0].AvoidNodes)
 			}
@@ -148,7 +148,7 @@ func TestPlanSlotsStandForTheirPods(t *testing.T) {
 			c.UpsertPlan(p)
 			g := fit.Gang{PodSets: []fit.PodSet{{Name: "w", Count: 1, GPUsPerPod: 1}}}
 			var got fit.Gang
-			c.Read(flavors.DefaultBuffer(), func(s *Snapshot) { got, _ = s.avoid(g, []inventory.PodAffinity{tc.aff}, false) })
+			c.Read(flavors.DefaultBuffer(), func(s *Snapshot) { got, _ = s.avoid(g, []inventory.PodAffinity{tc.aff}, false, nil) })
 			if d := cmp.Diff(tc.want, got.PodSets[0].AvoidNodes); d != "" {
 				t.Errorf("AvoidNodes (-want +got):\n%s", d)
 			}
@@ -163,7 +163,7 @@ func TestPlanSlotsStandForTheirPods(t *testing.T) {
 	c.UpsertPod(runningPod("pod-1", "n1", map[string]string{"app": "relabelled"}))
 	var got fit.Gang
 	c.Read(flavors.DefaultBuffer(), func(s *Snapshot) {
-		got, _ = s.avoid(fit.Gang{PodSets: []fit.PodSet{{Name: "w", Count: 1, GPUsPerPod: 1}}}, []inventory.PodAffinity{{PodSet: "w", Namespace: "ns", Labels: map[string]string{"x": "y"}, Anti: terms}}, false)
+		got, _ = s.avoid(fit.Gang{PodSets: []fit.PodSet{{Name: "w", Count: 1, GPUsPerPod: 1}}}, []inventory.PodAffinity{{PodSet: "w", Namespace: "ns", Labels: map[string]string{"x": "y"}, Anti: terms}}, false, nil)
 	})
 	if len(got.PodSets[0].AvoidNodes) != 0 {
 		t.Errorf("the bound pod's own labels do not match, still avoided: %v", got.PodSets[0].AvoidNodes)
@@ -190,8 +190,8 @@ func TestTerminatingZoneTermIsSettling(t *testing.T) {
 	var now, settled fit.Gang
 	var byTerm bool
 	c.Read(flavors.DefaultBuffer(), func(s *Snapshot) {
-		now, byTerm = s.avoid(g, aff, false)
-		settled, _ = s.avoid(g, aff, true)
+		now, byTerm = s.avoid(g, aff, false, nil)
+		settled, _ = s.avoid(g, aff, true, nil)
 	})
 	if d := cmp.Diff([]string{"n1", "n2"}, now.PodSets[0].AvoidNodes); d != "" || !byTerm {
 		t.Errorf("now: byTerminating %v, AvoidNodes (-want +got):\n%s", byTerm, d)
