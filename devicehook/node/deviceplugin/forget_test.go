@@ -2,7 +2,9 @@ package deviceplugin
 
 import (
 	"errors"
+	"maps"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -40,5 +42,39 @@ func TestForgetGonePods(t *testing.T) {
 	p.tellUnsafe(Decision{Unplanned: keep}, errors.New("no plan"))
 	if len(rec.Events) != 0 {
 		t.Errorf("a pod still on the node was told again: %d events", len(rec.Events))
+	}
+}
+
+// TestForgetAllocationsOfGonePods: the per-pod count of allocated
+// containers goes once the pod has left the node and its last allocation
+// is allocatedGrace old — not sooner: a pod the kubelet just allocated may
+// not be in the pod list yet, and forgetting its count would give its next
+// container the first container's GPUs again.
+func TestForgetAllocationsOfGonePods(t *testing.T) {
+	t0 := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	clock := t0
+	now = func() time.Time { return clock }
+	t.Cleanup(func() { now = time.Now })
+	p := New(Config{ResourceName: v1alpha1.ResourceVGPU, NodeName: "n1"})
+	allocate := func(uid types.UID, at time.Time) {
+		clock = at
+		p.mu.Lock()
+		p.allocated[uid]++
+		p.allocatedAt[uid] = now()
+		p.mu.Unlock()
+	}
+	allocate("gone-long-ago", t0)
+	allocate("live", t0)
+	allocate("just-allocated-not-listed-yet", t0.Add(allocatedGrace))
+	clock = t0.Add(allocatedGrace + time.Minute)
+	p.Forget(map[types.UID]bool{"live": true})
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	want := map[types.UID]int{"live": 1, "just-allocated-not-listed-yet": 1}
+	if !maps.Equal(p.allocated, want) {
+		t.Errorf("allocated = %v, want %v", p.allocated, want)
+	}
+	if len(p.allocatedAt) != len(p.allocated) {
+		t.Errorf("allocatedAt has %d entries, allocated %d", len(p.allocatedAt), len(p.allocated))
 	}
 }

@@ -141,6 +141,9 @@ type Plugin struct {
 	gen       uint64
 	changed   chan struct{} // closed and replaced on every SetGPUs
 	allocated map[types.UID]int
+	// allocatedAt: when each pod of allocated last got a container's GPUs
+	// (Forget keeps a pod this recent even when the pod list lags).
+	allocatedAt map[types.UID]time.Time
 	// refused remembers pods already told (an Event) why they are refused.
 	refused map[types.UID]bool
 	// toldUnsafe remembers "<uid>/<reason>" Events of unsafe requests.
@@ -178,7 +181,7 @@ func New(cfg Config) *Plugin {
 	if cfg.Ledger == nil {
 		cfg.Ledger = NewLedger()
 	}
-	return &Plugin{cfg: cfg, changed: make(chan struct{}), allocated: map[types.UID]int{}, index: map[string]int{},
+	return &Plugin{cfg: cfg, changed: make(chan struct{}), allocated: map[types.UID]int{}, allocatedAt: map[types.UID]time.Time{}, index: map[string]int{},
 		info: map[string]v1alpha1.GPUInfo{}, refused: map[types.UID]bool{}, toldUnsafe: map[string]bool{}}
 }
 
@@ -425,6 +428,7 @@ func (p *Plugin) allocateOne(ctx context.Context, ids []string) (*pluginapi.Cont
 				return nil, fmt.Errorf("gpupack-node %s: %w", p.cfg.ResourceName, herr)
 			}
 			p.allocated[chunk.PodUID]++
+			p.allocatedAt[chunk.PodUID] = now()
 			p.mu.Unlock()
 			p.cfg.Ledger.mu.Unlock()
 			r, err := p.response(chunk)
@@ -611,6 +615,7 @@ func (p *Plugin) unplanned(ctx context.Context, ids []string, st State, pod *cor
 	}
 	p.mu.Lock()
 	p.allocated[pod.UID]++
+	p.allocatedAt[pod.UID] = now()
 	p.mu.Unlock()
 	r, err := p.response(chunk)
 	if err != nil {
