@@ -57,8 +57,8 @@ const (
 	// EventPlanNotForPod: the pod names a GPUPlan whose Workload it does
 	// not belong to (owners.Belongs); it stays gated (issue 14, finding 6).
 	EventPlanNotForPod = "PlanNotForThisPod"
-	EventNoSlot      = "NoPlanSlot"
-	EventWaiting     = "WaitingForSlot"
+	EventNoSlot        = "NoPlanSlot"
+	EventWaiting       = "WaitingForSlot"
 	// EventWaitingForAllocation: the pod's slot is ready, but another pod
 	// on its node asking for the same GPU count still awaits the kubelet's
 	// allocation; the kubelet's request does not name the pod, so such
