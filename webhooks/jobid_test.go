@@ -31,7 +31,7 @@ const legacyJobUID = "GPUPACK_JOB_UID"
 // order; the mutated pod must pass the validating webhook.
 func jobIDEnv(t *testing.T, hs map[string]admission.Handler, pod *corev1.Pod) (ids, legacy []string) {
 	t.Helper()
-	req := request(t, admissionv1.Create, pod, nil)
+	req := asAdmin(request(t, admissionv1.Create, pod, nil)) // owner chains of every shape, planned
 	resp := hs[PathMutatePod].Handle(context.Background(), req)
 	if !resp.Allowed {
 		t.Fatalf("denied: %v", resp.Result)

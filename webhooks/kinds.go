@@ -371,6 +371,19 @@ func (h *kindMutator) Handle(ctx context.Context, req admission.Request) admissi
 	if err := h.unmanaged(ctx, req, ts); err != nil {
 		return admission.Denied(err.Error())
 	}
+	if req.Operation == admissionv1.Create {
+		obj := &metav1.PartialObjectMetadata{}
+		if err := decode(req.Object.Raw, obj); err != nil {
+			return admission.Errored(http.StatusBadRequest, err)
+		}
+		tmpls := make([]*corev1.PodTemplateSpec, 0, len(ts))
+		for _, t := range ts {
+			tmpls = append(tmpls, t.T)
+		}
+		if err := planAtCreation(h.m, req, describeKind(h.k.kind, obj.Name), obj, tmpls...); err != nil {
+			return admission.Denied(err.Error())
+		}
+	}
 	if req.Operation == admissionv1.Update && h.k.suspended != nil {
 		h.m.SyncTemplates(ts)
 		return kindTemplatesPatch(req.Object.Raw, ts, nil)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 
+	admissionv1 "k8s.io/api/admission/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -383,4 +384,29 @@ func podBased(framework string) bool {
 		return true
 	}
 	return false
+}
+
+// planAtCreation applies Mutator.CheckPlanCreator to the creation req of
+// obj (a pod, or a job whose pod templates are templates) when obj — a
+// pod — or one of the templates carries gpupack.io/plan. Updates are the
+// placement policy's (a pod's plan cannot be added or changed) and the
+// ungater's (it binds only a pod of the plan's Workload).
+func planAtCreation(m *mutation.Mutator, req admission.Request, what string, obj metav1.Object, templates ...*corev1.PodTemplateSpec) error {
+	if req.Operation != admissionv1.Create {
+		return nil
+	}
+	_, planned := obj.GetAnnotations()[v1alpha1.AnnotationPlan]
+	planned = planned && isPod(obj)
+	for _, t := range templates {
+		if t == nil {
+			continue
+		}
+		if _, ok := t.Annotations[v1alpha1.AnnotationPlan]; ok {
+			planned = true
+		}
+	}
+	if !planned {
+		return nil
+	}
+	return m.CheckPlanCreator(what, metav1.GetControllerOf(obj) != nil, req.UserInfo.Username, req.UserInfo.Groups)
 }

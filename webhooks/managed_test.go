@@ -83,7 +83,7 @@ func TestUnmanagedGPUs(t *testing.T) {
 		{"owner that does not exist", mutation.Config{}, owned(wholeGPUPod("ns", "1"), "Job", "batch/v1", "ghost", "ghost"), "cannot be read"},
 		{"owner of a kind Kueue does not run", mutation.Config{}, owned(wholeGPUPod("ns", "1"), "ReplicaSet", "apps/v1", "rs", "rs"),
 			"its owner ReplicaSet rs is not a kind Kueue manages here"},
-		{"a planned pod waits behind the placement gate", mutation.Config{}, planned(wholeGPUPod("ns", "1")), ""},
+		{"a planned pod waits behind the placement gate", mutation.Config{}, owned(planned(wholeGPUPod("ns", "1")), "Job", "batch/v1", "queued", "queued"), ""},
 		// Kueue manages nothing in a namespace its
 		// managedJobsNamespaceSelector does not select: a queued pod
 		// there is never gated, an unqueued Job runs even under
@@ -155,6 +155,7 @@ func TestFractionalPodNeedsAPlan(t *testing.T) {
 	ctx := context.Background()
 	unplanned := gpuPod("4Gi")
 	delete(unplanned.Annotations, v1alpha1.AnnotationPlan)
+	unplanned.OwnerReferences = nil
 	h := handlers(t, mutation.Config{UnmanagedGPUs: mutation.UnmanagedGPUsConfig{Policy: mutation.UnmanagedAllow}})
 	resp := h[PathMutatePod].Handle(ctx, request(t, admissionv1.Create, unplanned, nil))
 	if resp.Allowed || !strings.Contains(resp.Result.Message, "has no gpupack.io/plan and will not get one") {

@@ -14,6 +14,7 @@ import (
 	"k8s.io/apiserver/pkg/admission/plugin/webhook/matchconditions"
 	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/apiserver/pkg/cel/environment"
+	"k8s.io/utils/ptr"
 
 	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
 	"github.com/gpupack/gpupack/flavors"
@@ -145,6 +146,19 @@ func TestPodMatchConditions(t *testing.T) {
 		{"job pod copied by a tenant", fast, pods.job, tenant, true},
 		{"job pod with a plan but no gate", fast, pods.jobNoGate, kcm, true},
 		{"fractional job pod without a plan", fast, pods.jobNoPlan, kcm, true},
+		// Every untrusted creation of a planned pod reaches the webhook,
+		// which refuses the plan (issue 14, finding 6).
+		{"a tenant's CPU-only pod naming a plan", fast, func() *corev1.Pod {
+			p := pods.cpu.DeepCopy()
+			p.Annotations = map[string]string{v1alpha1.AnnotationPlan: "plan-1"}
+			return p
+		}(), tenant, true},
+		{"a tenant's planned pod with a GPU sidecar only", fast, func() *corev1.Pod {
+			p := pods.cpu.DeepCopy()
+			p.Annotations = map[string]string{v1alpha1.AnnotationPlan: "plan-1"}
+			p.Spec.InitContainers = []corev1.Container{{Name: "side", Image: "i", RestartPolicy: ptr.To(corev1.ContainerRestartPolicyAlways), Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{v1alpha1.ResourceNvidiaGPU: resource.MustParse("1")}}}}
+			return p
+		}(), tenant, true},
 	} {
 		r := podMatcher(t, tc.o).Match(context.Background(), podCreate(tc.pod.DeepCopy(), tc.user), nil, nil)
 		if r.Error != nil || r.Matches != tc.calls {

@@ -91,7 +91,7 @@ func TestPodGraceCapFollowsTheJobsClassNotThePodsLabel(t *testing.T) {
 				pod.Annotations[v1alpha1.AnnotationCheckpoint] = "true"
 				pod.Annotations[v1alpha1.AnnotationCheckpointTimeout] = "1h"
 			}
-			req := request(t, admissionv1.Create, pod, nil)
+			req := asAdmin(request(t, admissionv1.Create, pod, nil)) // a planned pod of any owner
 			resp := h.Handle(context.Background(), req)
 			if !resp.Allowed {
 				t.Fatalf("denied: %v", resp.Result)

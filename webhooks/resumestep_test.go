@@ -74,7 +74,7 @@ func TestPodResumeStepThroughTheOwnerChain(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			pod := gpuPod("10Gi")
 			pod.OwnerReferences = tc.owners
-			req := request(t, admissionv1.Create, pod, nil)
+			req := asAdmin(request(t, admissionv1.Create, pod, nil)) // a planned pod of any owner
 			resp := h[PathMutatePod].Handle(context.Background(), req)
 			if !resp.Allowed {
 				t.Fatalf("denied: %v", resp.Result)

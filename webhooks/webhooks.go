@@ -194,6 +194,9 @@ func (h *podMutator) Handle(ctx context.Context, req admission.Request) admissio
 	if pod.Namespace == "" {
 		pod.Namespace = req.Namespace
 	}
+	if err := planAtCreation(h.m, req, describeKind("pod", pod.Name), pod); err != nil {
+		return admission.Denied(err.Error())
+	}
 	before, _ := json.Marshal(pod.Spec)
 	beforeAnn := maps.Clone(pod.Annotations)
 	// The job at the top of the pod's controller chain, read once (live)
@@ -355,6 +358,9 @@ func (h *jobMutator) Handle(ctx context.Context, req admission.Request) admissio
 	if req.Operation != admissionv1.Create {
 		return admission.Allowed("")
 	}
+	if err := planAtCreation(h.m, req, describeKind("Job", j.Name), j, &j.Spec.Template); err != nil {
+		return admission.Denied(err.Error())
+	}
 	before, _ := json.Marshal(j.Spec)
 	warn, err := h.m.Job(j)
 	if err != nil {
@@ -431,6 +437,15 @@ func (h *ptMutator) Handle(ctx context.Context, req admission.Request) admission
 	}
 	if req.Operation != admissionv1.Create {
 		return admission.Allowed("")
+	}
+	var tmpls []*corev1.PodTemplateSpec
+	for _, rs := range j.Spec.PyTorchReplicaSpecs {
+		if rs != nil {
+			tmpls = append(tmpls, &rs.Template)
+		}
+	}
+	if err := planAtCreation(h.m, req, describeKind("PyTorchJob", j.Name), j, tmpls...); err != nil {
+		return admission.Denied(err.Error())
 	}
 	before, _ := json.Marshal(j.Spec)
 	warn, err := h.m.PyTorchJob(j)

@@ -22,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	kruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 	"sigs.k8s.io/yaml"
@@ -38,6 +39,14 @@ var update = flag.Bool("update", false, "rewrite golden files")
 // asTenant is r as tenant alice asks it.
 func asTenant(r admission.Request) admission.Request {
 	r.UserInfo = authenticationv1.UserInfo{Username: "alice", Groups: []string{"system:authenticated"}}
+	return r
+}
+
+// asAdmin is r as a cluster admin (system:masters), who may create a
+// planned pod with any owners (mutation.CheckPlanCreator): for tests of
+// something else than who creates it.
+func asAdmin(r admission.Request) admission.Request {
+	r.UserInfo = authenticationv1.UserInfo{Username: "admin", Groups: []string{"system:masters", "system:authenticated"}}
 	return r
 }
 
@@ -79,8 +88,11 @@ func apply(t testing.TB, req admission.Request, resp admission.Response, into an
 
 func gpuPod(mem string, env ...corev1.EnvVar) *corev1.Pod {
 	return &corev1.Pod{
-		// Placed by the gang-fit check: a fractional pod needs a plan.
-		ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns", Annotations: map[string]string{v1alpha1.AnnotationGPUMemory: mem, v1alpha1.AnnotationPlan: "plan-p"}},
+		// Placed by the gang-fit check: a fractional pod needs a plan, and
+		// only a trusted controller creates a planned pod, for its owner
+		// (request's identity; the Job is not in the fake client).
+		ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns", Annotations: map[string]string{v1alpha1.AnnotationGPUMemory: mem, v1alpha1.AnnotationPlan: "plan-p"},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "batch/v1", Kind: "Job", Name: "p-job", UID: "uid-p-job", Controller: ptr.To(true)}}},
 		Spec: corev1.PodSpec{
 			NodeSelector: map[string]string{flavors.LabelGPUProduct: "NVIDIA-H100-80GB-HBM3"},
 			Containers: []corev1.Container{{Name: "c", Image: "i", Env: env, Resources: corev1.ResourceRequirements{
@@ -198,7 +210,7 @@ func TestHandlerDenials(t *testing.T) {
 		{PathMutateJob, admissionv1.Create, &batchv1.Job{Spec: batchv1.JobSpec{Template: corev1.PodTemplateSpec{ObjectMeta: gpuPod("x").ObjectMeta, Spec: gpuPod("x").Spec}}}, nil, "not a quantity"},
 	}
 	for _, tc := range cases {
-		resp := h[tc.path].Handle(ctx, request(t, tc.op, tc.obj, tc.old))
+		resp := h[tc.path].Handle(ctx, asAdmin(request(t, tc.op, tc.obj, tc.old)))
 		if resp.Allowed || resp.Result == nil || !strings.Contains(resp.Result.Message, tc.want) {
 			t.Errorf("%s %s: allowed=%v result=%v, want denial %q", tc.path, tc.op, resp.Allowed, resp.Result, tc.want)
 		}

@@ -292,3 +292,34 @@ func (f Finder) Top(ctx context.Context, obj client.Object) *metav1.PartialObjec
 	}
 	return nil
 }
+
+// Belongs reports whether a pod belongs to Workload wl, as Kueue v0.17
+// relates them: wl is owned by the pod itself (a single pod's Workload) or
+// by an object up the pod's controller chain (ancestors: Finder.Ancestors,
+// the pod's own UID first), or wl is a pod group (its owners are the
+// group's pods, none a controller: SourceOf) and the pod's Kueue
+// pod-group label (podGroup) names it — Kueue names a group's Workload by
+// that label and adds each pod as an owner only once it sees it. A plan's
+// slots are for its Workload's pods only: a pod that names another job's
+// plan would otherwise take that job's slot (issue 14, finding 6).
+func Belongs(wl *kueue.Workload, podGroup string, ancestors []types.UID) bool {
+	for _, o := range wl.OwnerReferences {
+		for _, uid := range ancestors {
+			if uid != "" && o.UID == uid {
+				return true
+			}
+		}
+	}
+	if podGroup == "" || podGroup != wl.Name {
+		return false
+	}
+	src, ok := SourceOf(wl)
+	return ok && src.Group != ""
+}
+
+// BelongsTo is Belongs for pod, walking up its controller chain with
+// Ancestors (each step UID-checked; a read that fails ends the walk, so a
+// pod may be found not to belong, never wrongly to belong).
+func (f Finder) BelongsTo(ctx context.Context, pod *corev1.Pod, wl *kueue.Workload) bool {
+	return Belongs(wl, pod.Labels[LabelPodGroup], f.Ancestors(ctx, pod))
+}

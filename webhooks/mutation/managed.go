@@ -138,6 +138,34 @@ func (m *Mutator) CreatesForOwners(user string, groups []string) bool {
 	return false
 }
 
+// CheckPlanCreator is who may create an object carrying gpupack.io/plan —
+// a pod, or a job whose pod template carries it (what names it, for the
+// message; hasController: the object has a controlling owner). The plan
+// names the GPUPlan whose slot a pod takes, and Kueue writes it (through
+// the check's podSetUpdates) into a job's template when it starts the
+// job, or into a pod of its pod integration by an update; so at creation
+// only the controllers the unmanaged-GPU policy trusts to create objects
+// for their owner (CreatesForOwners: unmanagedGPUs.ownerControllers),
+// creating one for its controlling owner, and cluster admins
+// (system:masters) may write it. Anyone else could point a pod at another
+// job's plan and take its slot (issue 14, finding 6; the ungater checks
+// the pod belongs to the plan's Workload as well).
+func (m *Mutator) CheckPlanCreator(what string, hasController bool, user string, groups []string) error {
+	for _, g := range groups {
+		if g == "system:masters" {
+			return nil
+		}
+	}
+	if hasController && m.CreatesForOwners(user, groups) {
+		return nil
+	}
+	why := fmt.Sprintf("it is created by %q, not by a controller gpupack trusts to create objects for their owner (unmanagedGPUs.ownerControllers)", user)
+	if !hasController && m.CreatesForOwners(user, groups) {
+		why = "it has no controlling owner to create it for"
+	}
+	return fmt.Errorf("%s carries the annotation %s, which names the GPUPlan whose GPU slot a pod takes; only a job's controller creating the object for its controlling owner (unmanagedGPUs.ownerControllers), or a cluster admin, may create it with one, and %s. Leave it out: Kueue writes it when the gang-fit check admits the job", what, v1alpha1.AnnotationPlan, why)
+}
+
 // Unmanaged is what the admission adapter found out about a GPU object
 // that Kueue will not manage.
 type Unmanaged struct {

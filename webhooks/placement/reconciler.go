@@ -3,6 +3,7 @@ package placement
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -23,6 +24,7 @@ import (
 
 	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
 	"github.com/gpupack/gpupack/devicehook/node/allocorder"
+	"github.com/gpupack/gpupack/preemption/owners"
 	"github.com/gpupack/gpupack/webhooks/placement/victims"
 )
 
@@ -52,8 +54,11 @@ const (
 
 	EventPlaced      = "Placed"
 	EventPlanMissing = "PlanNotFound"
-	EventNoSlot      = "NoPlanSlot"
-	EventWaiting     = "WaitingForSlot"
+	// EventPlanNotForPod: the pod names a GPUPlan whose Workload it does
+	// not belong to (owners.Belongs); it stays gated (issue 14, finding 6).
+	EventPlanNotForPod = "PlanNotForThisPod"
+	EventNoSlot        = "NoPlanSlot"
+	EventWaiting       = "WaitingForSlot"
 	// EventWaitingForAllocation: the pod's slot is ready, but another pod
 	// on its node asking for the same GPU count still awaits the kubelet's
 	// allocation; the kubelet's request does not name the pod, so such
@@ -71,6 +76,11 @@ const (
 // BusyRetry is how soon a pod whose slot is still held is looked at again
 // (pod deletions also trigger it).
 var BusyRetry = 5 * time.Second
+
+// NotForPodRetry is how soon a pod found not to belong to its plan's
+// Workload is looked at again (a Workload or chain object the cache did
+// not show yet); a pod that names another job's plan only ever waits.
+var NotForPodRetry = 30 * time.Second
 
 // AllocationRetry is how soon a pod held back for another pod's allocation
 // is looked at again; the other pod's admission (or end) also triggers it.
@@ -430,6 +440,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if err != nil {
 		return reconcile.Result{}, err
 	}
+	if why := r.notForPod(ctx, pod, plan); why != "" {
+		r.record(pod, corev1.EventTypeWarning, EventPlanNotForPod, "GPUPlan %s: %s; pod stays gated", plan.Name, why)
+		return reconcile.Result{RequeueAfter: NotForPodRetry}, nil
+	}
 
 	var slot v1alpha1.PodAssignment
 	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
@@ -520,6 +534,26 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	log.V(2).Info("placed pod", "plan", plan.Name, "node", slot.Node, "devices", devices)
 	r.record(pod, corev1.EventTypeNormal, EventPlaced, "GPUPlan %s slot %s[%d]: node %s, GPUs %s", plan.Name, slot.PodSet, slot.Index, slot.Node, devices)
 	return reconcile.Result{}, nil
+}
+
+// notForPod says why pod may not take a slot of plan ("" when it may):
+// a slot is for a pod of the plan's Workload only (owners.Belongs, through
+// the coordinator's walk up the controller chain), so a pod that names
+// another job's plan — gpupack.io/plan is a pod annotation, and a trusted
+// controller copies it from whatever template it is given — never takes
+// that job's slot (issue 14, finding 6).
+func (r *Reconciler) notForPod(ctx context.Context, pod *corev1.Pod, plan *v1alpha1.GPUPlan) string {
+	wl := &kueue.Workload{}
+	err := r.Client.Get(ctx, types.NamespacedName{Namespace: pod.Namespace, Name: plan.Spec.WorkloadName}, wl)
+	switch {
+	case err != nil:
+		return fmt.Sprintf("its Workload %s cannot be read (%v)", plan.Spec.WorkloadName, err)
+	case plan.Spec.WorkloadUID != "" && wl.UID != plan.Spec.WorkloadUID:
+		return fmt.Sprintf("its Workload %s is not the one planned (UID %s, not %s)", wl.Name, wl.UID, plan.Spec.WorkloadUID)
+	case !(owners.Finder{Reader: r.Client}).BelongsTo(ctx, pod, wl):
+		return fmt.Sprintf("the pod does not belong to its Workload %s (neither the pod nor its controller chain owns it, nor does its %s label name it), so it may not take that job's slot", wl.Name, owners.LabelPodGroup)
+	}
+	return ""
 }
 
 // unplanned handles a pod Kueue admitted without a GPUPlan (its

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -22,13 +23,24 @@ import (
 
 func gatedPod(name, uid, plan string, index string, gates ...string) *corev1.Pod {
 	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", UID: types.UID(uid),
-		Labels:      map[string]string{"training.kubeflow.org/replica-type": "worker", "training.kubeflow.org/replica-index": index},
-		Annotations: map[string]string{v1alpha1.AnnotationPlan: plan}},
+		Labels:          map[string]string{"training.kubeflow.org/replica-type": "worker", "training.kubeflow.org/replica-index": index},
+		Annotations:     map[string]string{v1alpha1.AnnotationPlan: plan},
+		OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(&metav1.ObjectMeta{Name: "job", UID: testJobUID}, batchv1.SchemeGroupVersion.WithKind("Job"))}},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "i"}}}}
 	for _, g := range append(gates, v1alpha1.SchedulingGatePlacement) {
 		p.Spec.SchedulingGates = append(p.Spec.SchedulingGates, corev1.PodSchedulingGate{Name: g})
 	}
 	return p
+}
+
+// testJobUID is the Job the test pods (gatedPod) and the plan's Workload
+// (testWorkload) belong to.
+const testJobUID = "uid-job"
+
+// testWorkload is the Workload of testPlan, owned by the pods' Job.
+func testWorkload() *kueue.Workload {
+	return &kueue.Workload{ObjectMeta: metav1.ObjectMeta{Name: "wl", Namespace: "ns",
+		OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(&metav1.ObjectMeta{Name: "job", UID: testJobUID}, batchv1.SchemeGroupVersion.WithKind("Job"))}}}
 }
 
 func testPlan() *v1alpha1.GPUPlan {
@@ -40,7 +52,18 @@ func testPlan() *v1alpha1.GPUPlan {
 		}}, Status: v1alpha1.GPUPlanStatus{Phase: v1alpha1.PlanPlanned}}
 }
 
+// setup builds the reconciler on a fake client holding objs, and
+// testWorkload unless objs has a Workload named wl.
 func setup(t *testing.T, objs ...client.Object) (*Reconciler, client.Client, *record.FakeRecorder) {
+	hasWL := false
+	for _, o := range objs {
+		if _, ok := o.(*kueue.Workload); ok && o.GetName() == "wl" {
+			hasWL = true
+		}
+	}
+	if !hasWL {
+		objs = append(objs, testWorkload())
+	}
 	s := runtime.NewScheme()
 	_ = corev1.AddToScheme(s)
 	_ = v1alpha1.AddToScheme(s)
@@ -159,5 +182,48 @@ func TestPinNarrowsExistingAffinity(t *testing.T) {
 	terms := p.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
 	if len(terms) != 1 || len(terms[0].MatchExpressions) != 1 || len(terms[0].MatchFields) != 1 || terms[0].MatchFields[0].Values[0] != "n1" {
 		t.Errorf("terms = %+v", terms)
+	}
+}
+
+// TestReconcileRefusesPodOfAnotherJob: a gated pod naming a plan whose
+// Workload it does not belong to — a hand-made pod, a pod of another Job,
+// a pod labelled with a pod group that is a Job's Workload — is not bound
+// and stays gated with PlanNotForThisPod (issue 14, finding 6); the plan's
+// own pod then takes the slot.
+func TestReconcileRefusesPodOfAnotherJob(t *testing.T) {
+	handMade := gatedPod("hand-made", "u-hand", "wl", "0")
+	handMade.OwnerReferences = nil
+	otherJob := gatedPod("other-job", "u-other", "wl", "0")
+	otherJob.OwnerReferences[0].UID = "uid-other-job"
+	grouped := gatedPod("grouped", "u-grouped", "wl", "0")
+	grouped.OwnerReferences = nil
+	grouped.Labels[KueuePodGroupLabel] = "wl"
+	recreatedWL := testPlan()
+	recreatedWL.Name, recreatedWL.Spec.WorkloadUID = "stale", "uid-old-wl"
+	stale := gatedPod("stale-wl", "u-stale", "stale", "0")
+	r, c, rec := setup(t, testPlan(), recreatedWL, handMade, otherJob, grouped, stale, gatedPod("own", "u-own", "wl", "0"))
+	refused := testutil.ToFloat64(decisions.WithLabelValues(EventPlanNotForPod))
+	for _, name := range []string{"hand-made", "other-job", "grouped", "stale-wl"} {
+		if res := reconcilePod(t, r, name); res.RequeueAfter == 0 {
+			t.Errorf("%s: no requeue", name)
+		}
+		if !gated(t, c, name) || getPod(t, c, name).Annotations[v1alpha1.AnnotationDevices] != "" {
+			t.Errorf("%s: bound or ungated", name)
+		}
+		if ev := <-rec.Events; !strings.Contains(ev, EventPlanNotForPod) {
+			t.Errorf("%s: event %q, want %s", name, ev, EventPlanNotForPod)
+		}
+	}
+	if got := testutil.ToFloat64(decisions.WithLabelValues(EventPlanNotForPod)) - refused; got != 4 {
+		t.Errorf("gpupack_placement_decisions_total{result=PlanNotForThisPod} +%v, want +4", got)
+	}
+	plan := &v1alpha1.GPUPlan{}
+	_ = c.Get(context.Background(), types.NamespacedName{Namespace: "ns", Name: "wl"}, plan)
+	if len(plan.Status.Bindings) != 0 {
+		t.Errorf("bindings %+v, want none", plan.Status.Bindings)
+	}
+	reconcilePod(t, r, "own")
+	if got := getPod(t, c, "own").Annotations[v1alpha1.AnnotationDevices]; got != "GPU-a:20480" {
+		t.Errorf("the plan's own pod: devices %q, want slot worker[0]'s GPU-a", got)
 	}
 }

@@ -218,11 +218,14 @@ func TestTenantAttacks(t *testing.T) {
 		if err := c.alice.Create(ctx, p); err != nil {
 			t.Fatal(err)
 		}
-		// What stays is gpupack's own: with envFrom and no known job, an
-		// explicit empty GPUPACK_JOB_ID shadows whatever the ConfigMap says
-		// (issue 16 review L2). Nothing the tenant wrote survives.
+		// What stays is gpupack's own: with envFrom, an explicit
+		// GPUPACK_JOB_ID — the pod's Job's id (the pod is created by the
+		// Job controller for alice's Job: throughJob), or empty when no job
+		// is known — shadows whatever the ConfigMap says (issue 16 review
+		// L2). Nothing the tenant wrote survives.
+		jobID := mutation.JobID(c.open, batchv1.SchemeGroupVersion.WithKind("Job").GroupKind(), metav1.GetControllerOf(p).Name)
 		for _, e := range p.Spec.Containers[0].Env {
-			if e.Name != agent.EnvJobID || e.Value != "" || e.ValueFrom != nil {
+			if e.Name != agent.EnvJobID || (e.Value != "" && e.Value != jobID) || e.ValueFrom != nil {
 				t.Errorf("owned env survived: %v", p.Spec.Containers[0].Env)
 				break
 			}

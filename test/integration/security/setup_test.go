@@ -10,11 +10,15 @@
 package security
 
 import (
+	"context"
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -25,8 +29,10 @@ import (
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	kueue "sigs.k8s.io/kueue/apis/kueue/v1beta2"
 
 	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
 	"github.com/gpupack/gpupack/flavors"
@@ -47,8 +53,10 @@ type cluster struct {
 	// baseline enforces Pod Security "baseline"; open has no Pod Security
 	// label, so only gpupack stands between a tenant and the node.
 	baseline, open string
-	// alice has `edit` in both namespaces.
-	alice client.Client
+	// alice has `edit` in both namespaces. A planned pod she creates
+	// through it is created as her Job's controller would create it
+	// (throughJob); aliceSelf is alice creating it herself.
+	alice, aliceSelf client.Client
 	// aliceCS is alice as a clientset (subresources).
 	aliceCS *kubernetes.Clientset
 }
@@ -107,9 +115,10 @@ func startClusterWith(t *testing.T, jobKinds []string) *cluster {
 	})
 	cfg := env.UserConfig(t, "alice")
 	var err error
-	if c.alice, err = client.New(cfg, client.Options{Scheme: env.Scheme}); err != nil {
+	if c.aliceSelf, err = client.New(cfg, client.Options{Scheme: env.Scheme}); err != nil {
 		t.Fatal(err)
 	}
+	c.alice = &throughJob{Client: c.aliceSelf, c: c, controller: c.as(t, jobControllerUser, []string{"system:serviceaccounts", "system:serviceaccounts:kube-system", "system:authenticated"}, nil), jobs: map[string]*batchv1.Job{}}
 	if c.aliceCS, err = kubernetes.NewForConfig(cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -199,6 +208,72 @@ func (c *cluster) as(t *testing.T, user string, groups []string, extra map[strin
 		t.Fatal(err)
 	}
 	return cl
+}
+
+// jobControllerUser is kube-controller-manager's Job controller, which
+// creates a Job's pods (unmanagedGPUs.ownerControllers).
+const jobControllerUser = "system:serviceaccount:kube-system:job-controller"
+
+// throughJob is alice's client, except that a pod carrying gpupack.io/plan
+// with no controller is created as the Job controller creates the pods of
+// alice's Job (jobOf: the plan's, a real suspended Job): only a trusted
+// controller, for its owner, may create a planned pod (issue 14,
+// finding 6), and that is how a tenant's planned pods come to exist — her
+// template, the controller's create. The pod's spec is still what alice
+// wrote, and Pod Security, the webhooks and the policies judge it.
+type throughJob struct {
+	client.Client
+	c          *cluster
+	controller client.Client
+	mu         sync.Mutex
+	jobs       map[string]*batchv1.Job
+}
+
+func (j *throughJob) Create(ctx context.Context, obj client.Object, opts ...client.CreateOption) error {
+	p, ok := obj.(*corev1.Pod)
+	if !ok || p.Annotations[v1alpha1.AnnotationPlan] == "" || metav1.GetControllerOf(p) != nil {
+		return j.Client.Create(ctx, obj, opts...)
+	}
+	job, err := j.jobOf(ctx, p.Namespace, p.Annotations[v1alpha1.AnnotationPlan])
+	if err != nil {
+		return err
+	}
+	p.OwnerReferences = append(p.OwnerReferences, *metav1.NewControllerRef(job, batchv1.SchemeGroupVersion.WithKind("Job")))
+	return j.controller.Create(ctx, p, opts...)
+}
+
+// jobOf is the suspended Job of plan in ns (created once, by the admin:
+// no GPUs, so no webhook), which the plan's pods and Workload belong to.
+func (j *throughJob) jobOf(ctx context.Context, ns, plan string) (*batchv1.Job, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	key := ns + "/" + plan
+	if job, ok := j.jobs[key]; ok {
+		return job, nil
+	}
+	job := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "job-" + strings.Trim(plan, "-"), Namespace: ns},
+		Spec: batchv1.JobSpec{Suspend: ptr.To(true), Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever,
+			Containers: []corev1.Container{{Name: "c", Image: "busybox"}}}}}}
+	if err := j.c.env.Client.Create(ctx, job); err != nil {
+		return nil, fmt.Errorf("the Job of plan %s: %w", plan, err)
+	}
+	j.jobs[key] = job
+	return job, nil
+}
+
+// workloadOf creates the Workload of plan as Kueue makes it for the Job
+// of the plan's pods (jobOf): named plan.Spec.WorkloadName, controlled by
+// the Job. The ungater binds only pods of the plan's Workload.
+func (c *cluster) workloadOf(t *testing.T, plan *v1alpha1.GPUPlan) {
+	t.Helper()
+	job, err := c.alice.(*throughJob).jobOf(c.env.Ctx, plan.Namespace, plan.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wl := &kueue.Workload{ObjectMeta: metav1.ObjectMeta{Name: plan.Spec.WorkloadName, Namespace: plan.Namespace,
+		OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(job, batchv1.SchemeGroupVersion.WithKind("Job"))}},
+		Spec: kueue.WorkloadSpec{PodSets: []kueue.PodSet{{Name: kueue.DefaultPodSetName, Count: 1, Template: job.Spec.Template}}}}
+	c.env.MustCreate(t, wl)
 }
 
 func (c *cluster) manager(t *testing.T) client.Client {

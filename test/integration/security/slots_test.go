@@ -52,6 +52,14 @@ func gangPod(ns, name, plan string, index int) *corev1.Pod {
 	return p
 }
 
+// createPlan creates plan and, first, its Workload as Kueue would
+// (workloadOf: the ungater binds only the pods of the plan's Workload).
+func (c *cluster) createPlan(t *testing.T, plan *v1alpha1.GPUPlan) {
+	t.Helper()
+	c.workloadOf(t, plan)
+	c.env.MustCreate(t, plan)
+}
+
 // gangPlan is the check's GPUPlan for pods, slot i on gpus[i] of node-a.
 func gangPlan(ns, name string, gpus []string) *v1alpha1.GPUPlan {
 	pl := &v1alpha1.GPUPlan{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
@@ -208,7 +216,7 @@ func TestSlotSwaps(t *testing.T) {
 			pods = append(pods, p)
 			time.Sleep(1100 * time.Millisecond) // creationTimestamp has seconds: make the order visible
 		}
-		env.MustCreate(t, gangPlan(ns, plan, gpus))
+		c.createPlan(t, gangPlan(ns, plan, gpus))
 		return pods
 	}
 	own := func(t *testing.T, run nodeRun, ns, plan string, pods []*corev1.Pod) {
@@ -331,7 +339,7 @@ func TestSlotSwaps(t *testing.T) {
 		if err := c.alice.Create(ctx, p); err != nil {
 			t.Fatal(err)
 		}
-		env.MustCreate(t, gangPlan(c.open, "nosched", []string{g(3)}))
+		c.createPlan(t, gangPlan(c.open, "nosched", []string{g(3)}))
 		env.Eventually(t, 30*time.Second, "nosched released", func() (bool, string) {
 			cur, err := env.Clientset.CoreV1().Pods(c.open).Get(ctx, p.Name, metav1.GetOptions{})
 			return err == nil && !hasGate(cur), "gated"
@@ -363,7 +371,7 @@ func TestSlotSwaps(t *testing.T) {
 			pods = append(pods, p)
 		}
 		start := time.Now()
-		env.MustCreate(t, gangPlan(c.open, "gang8", gpus))
+		c.createPlan(t, gangPlan(c.open, "gang8", gpus))
 		run := np.drive(t, c, pods, youngestFirst, 0, 2*time.Minute)
 		own(t, run, c.open, "gang8", pods)
 		var last time.Time
