@@ -2,8 +2,10 @@ package security
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -368,6 +370,20 @@ func TestServiceAccountScope(t *testing.T) {
 	a, b := onNode("on-a", "node-a"), onNode("on-b", "node-b")
 	nodeA := c.node(t, "node-a")
 	inv := mergePatch(map[string]any{"metadata": map[string]any{"annotations": map[string]string{v1alpha1.AnnotationGPUs: "[]"}}})
+
+	// The apiserver loads each policy and binding through its own informer:
+	// waitForPolicies saw gpupack-placement enforced, the node policies may
+	// come a moment later on a loaded machine. Dry-run probes change
+	// nothing; the assertions below are unchanged.
+	env.Eventually(t, 30*time.Second, "gpupack-node policies enforced", func() (bool, string) {
+		if err := nodeA.Patch(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-b"}}, inv, client.DryRunAll); err == nil || !strings.Contains(err.Error(), "gpupack-node may change only its own Node") {
+			return false, fmt.Sprintf("patching another Node: %v", err)
+		}
+		if err := nodeA.Patch(ctx, a.DeepCopy(), annPatch("example.com/x", "y"), client.DryRunAll); err == nil || !strings.Contains(err.Error(), "only the annotations gpupack.io/devices and gpupack.io/allocated-by") {
+			return false, fmt.Sprintf("another annotation on a pod of its node: %v", err)
+		}
+		return true, ""
+	})
 
 	t.Run("gpupack-node", func(t *testing.T) {
 		if err := nodeA.Patch(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}}, inv); err != nil {
