@@ -108,6 +108,7 @@ struct gp_region_handle {
 	pid_t pid;       /* pid that owns `slot` (fork changes it) */
 	uint64_t word;   /* the slot's owner word: pid-namespace tag and pid */
 	int shared;      /* backed by CUDA_DEVICE_MEMORY_SHARED_CACHE */
+	int sm;          /* the file has the container's SM state (region.c I10) */
 };
 
 int gp_region_open(struct gp_region_handle *h, const char *path);
@@ -123,6 +124,30 @@ int gp_region_pids(struct gp_region_handle *h, pid_t *out, int max);
  * resolved theirs; set our own once known. */
 void gp_region_set_hostpid(struct gp_region_handle *h, unsigned hostpid);
 int gp_region_hostpids(struct gp_region_handle *h, unsigned *out, int max);
+
+/* The container's SM budget of one limits index (review 15: it was per
+ * process, and a fresh process per long kernel never paid). In the shared
+ * region (region.c I10), so every process of the container spends and
+ * pays into the same one; lock-free (CAS and fetch-add only), so a
+ * process SIGKILLed anywhere leaves it consistent, and its debt stays with
+ * the container. Tenant-writable like the rest of the region (known gap
+ * M1): accrual clamps it to its cap at every tick. Part of the file
+ * format: 64 bytes. */
+struct gp_sm_budget {
+	_Atomic int64_t credit_ns;    /* device time the container may still use; < 0: no launch passes */
+	_Atomic uint64_t accrued_ns;  /* CLOCK_MONOTONIC of the last accrual (0: never) */
+	_Atomic uint64_t charged_ts;  /* newest NVML sample stamp charged (wall clock, us) */
+	_Atomic uint64_t cadence_us;  /* NVML's sample cadence, as a process of the container last saw it */
+	uint64_t pad[4];
+};
+/* Limits index i's budget (NULL when i is out of range). */
+struct gp_sm_budget *gp_region_budget(struct gp_region_handle *h, int i);
+/* What this process ran that NVML has not reported (region.c I10): its
+ * control thread's tick, and since when it may have work on index i that
+ * no sample covered (0: none). only_if_set: move it forward only when set
+ * (a sample covered up to from_ns); else set it only when clear (a launch). */
+void gp_region_sm_alive(struct gp_region_handle *h);
+void gp_region_sm_from(struct gp_region_handle *h, int i, uint64_t from_ns, int only_if_set);
 
 /* ---- account.c --------------------------------------------------------- */
 
@@ -260,12 +285,14 @@ struct gp_limiter {
 	 * unknown, device shared), the same duty cycle paces launches. */
 	_Atomic int unknown;  /* the last sample could not be attributed */
 	int said_uncal, said_unknown;
-	/* Issue 15 H1/H2: the budget, in microseconds of device time. It
-	 * grows by target % of the wall time (control thread, at each tick,
-	 * up to credit_max) and shrinks by what NVML says the container's
-	 * processes ran; no launch passes while it is negative. */
-	double credit;
-	uint64_t credit_ns;   /* control thread: last accrual (monotonic) */
+	/* Issue 15 H1/H2: the budget, in device time. It grows by target % of
+	 * the wall time (each tick, up to a cap) and shrinks by what NVML says
+	 * the container's processes ran; no launch passes while it is
+	 * negative. The container's (review 15), in the shared region for the
+	 * device's limits index; `local` only for a device with no index. */
+	struct gp_sm_budget *_Atomic budget;
+	struct gp_sm_budget local;
+	_Atomic uint64_t last_launch_ns; /* the last launch admitted (monotonic) */
 	double u_prev;        /* control thread: our utilisation in the last sample */
 	unsigned long long poll_rt; /* control thread: wall clock of the last NVML poll, us */
 };
