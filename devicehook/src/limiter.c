@@ -175,12 +175,12 @@ static void nvml_syms(void)
 	if (lib == NULL)
 		return;
 	gp.nvml_init = (gp_fn_nvml_init)gp.real_dlsym(lib, "nvmlInit_v2");
-	gp.nvml_byindex = (gp_fn_nvml_byindex)gp.real_dlsym(lib, "nvmlDeviceGetHandleByIndex_v2");
+	gp.nvml_byuuid = (gp_fn_nvml_byuuid)gp.real_dlsym(lib, "nvmlDeviceGetHandleByUUID");
 	gp.nvml_procutil = (gp_fn_nvml_procutil)gp.real_dlsym(lib, "nvmlDeviceGetProcessUtilization");
 	gp.nvml_util = (gp_fn_nvml_util)gp.real_dlsym(lib, "nvmlDeviceGetUtilizationRates");
 	gp.nvml_procs = (gp_fn_nvml_procs)gp.real_dlsym(lib, "nvmlDeviceGetComputeRunningProcesses_v3");
 	gp.nvml_migmode = (gp_fn_nvml_migmode)gp.real_dlsym(lib, "nvmlDeviceGetMigMode");
-	gp.nvml_ok = gp.nvml_init != NULL && gp.nvml_init() == NVML_SUCCESS && gp.nvml_byindex && gp.nvml_procutil;
+	gp.nvml_ok = gp.nvml_init != NULL && gp.nvml_init() == NVML_SUCCESS && gp.nvml_byuuid && gp.nvml_procutil;
 	if (!gp.nvml_ok && gp.cfg.from_file) {
 		gp.nvml_untrusted = 1; /* the node's NVML, but unusable: the same safe mode */
 		gp_log(gp.cfg.any_sm_limit ? GP_LOG_ERROR : GP_LOG_INFO, "NVML does not initialise; %s",
@@ -195,6 +195,54 @@ static int nvml_ready(void)
 	return gp.nvml_ok;
 }
 
+/* The NVML device of CUdevice dev (review 15). NVML numbers GPUs in PCI
+ * order whatever CUDA_VISIBLE_DEVICES (the tenant's) says, so asking by
+ * the CUDA ordinal read a sibling GPU's utilisation and process list
+ * (its neighbour's samples charged to us, a sibling's host pid adopted).
+ * The device is found by the UUID the driver gives for dev
+ * (cuDeviceGetUuid[_v2], the driver's own, as the memory side's map) with
+ * nvmlDeviceGetHandleByUUID; looked up once and cached. Where either
+ * cannot answer, there is no NVML device for dev: the limiter stays in
+ * its duty cycle, the host pid unknown, contexts charged the reserve
+ * (fail closed, one line). */
+static int nvml_dev(int dev, nvmlDevice_t *h)
+{
+	if (dev < 0 || dev >= GP_MAX_DEV)
+		return -1;
+	uintptr_t v = atomic_load_explicit(&gp.nvml_dev[dev], memory_order_acquire);
+	if (v == 0) {
+		CUuuid u;
+		nvmlDevice_t d = NULL;
+		int ok = 0;
+		if (gp.nvml_byuuid && gp.dev_get_uuid && gp.dev_get_uuid(&u, (CUdevice)dev) == CUDA_SUCCESS) {
+			const unsigned char *b = (const unsigned char *)u.bytes;
+			char hex[40];
+			snprintf(hex, sizeof hex,
+				 "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2],
+				 b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+			static const char *const pre[] = {"GPU-", "MIG-"};
+			for (int i = 0; i < 2 && !ok; i++) {
+				char name[48];
+				snprintf(name, sizeof name, "%s%s", pre[i], hex);
+				ok = gp.nvml_byuuid(name, &d) == NVML_SUCCESS;
+				if (ok && i == 1)
+					atomic_store(&gp.nvml_dev_mig[dev], 1);
+			}
+		}
+		v = ok ? (uintptr_t)d + 2 : 1;
+		uintptr_t z = 0;
+		if (atomic_compare_exchange_strong(&gp.nvml_dev[dev], &z, v) && !ok)
+			gp_log(GP_LOG_WARN, "device %d: NVML cannot be asked for it by its UUID; the SM limit is held by a "
+			       "fixed duty cycle and contexts are charged the configured reserve", dev);
+		else
+			v = atomic_load(&gp.nvml_dev[dev]);
+	}
+	if (v == 1)
+		return -1;
+	*h = (nvmlDevice_t)(v - 2);
+	return 0;
+}
+
 /* ---- host pid ----------------------------------------------------------- */
 
 /* NVML's compute processes on dev, all of them: malloc'd (the caller
@@ -206,7 +254,7 @@ static int nvml_ready(void)
 static nvmlProcessInfo_t *list_procs(int dev, unsigned *np)
 {
 	nvmlDevice_t h;
-	if (!gp.nvml_procs || gp.nvml_byindex((unsigned)dev, &h) != NVML_SUCCESS)
+	if (!gp.nvml_procs || nvml_dev(dev, &h) != 0)
 		return NULL;
 	unsigned cap = 64;
 	for (int try = 0; try < 4; try++) {
@@ -556,7 +604,7 @@ static void control(int dev, struct gp_limiter *l)
 	if (l->ring_n < GP_RING)
 		l->ring_n++;
 	nvmlDevice_t h;
-	if (!nvml_ready() || gp.nvml_byindex((unsigned)dev, &h) != NVML_SUCCESS)
+	if (!nvml_ready() || nvml_dev(dev, &h) != 0)
 		return;
 	nvmlProcessUtilizationSample_t s[MAX_SAMPLES];
 	unsigned n = MAX_SAMPLES;
@@ -728,8 +776,12 @@ static void start_control(void)
 	for (int d = 0; d < GP_MAX_DEV; d++) {
 		nvmlDevice_t h;
 		unsigned cur = 0, pend = 0;
-		if (gp.lim[d].target == 0 || !gp.nvml_migmode || gp.nvml_byindex((unsigned)d, &h) != NVML_SUCCESS ||
-		    gp.nvml_migmode(h, &cur, &pend) != NVML_SUCCESS || cur != 1 /* NVML_DEVICE_MIG_ENABLE */)
+		if (gp.lim[d].target == 0 || nvml_dev(d, &h) != 0)
+			continue;
+		/* A CUDA device with a MIG UUID is a MIG instance (its handle
+		 * has no MIG mode of its own); else the GPU's mode. */
+		if (!atomic_load(&gp.nvml_dev_mig[d]) &&
+		    (!gp.nvml_migmode || gp.nvml_migmode(h, &cur, &pend) != NVML_SUCCESS || cur != 1 /* NVML_DEVICE_MIG_ENABLE */))
 			continue;
 		gp_log(GP_LOG_WARN, "device %d is in MIG mode: CUDA_DEVICE_SM_LIMIT=%d does not apply (the MIG slice "
 		       "bounds the SMs); launches are not throttled", d, gp.lim[d].target);

@@ -356,7 +356,7 @@ typedef nvmlReturn_t (*gp_fn_nvml_index)(nvmlDevice_t, unsigned int *);
 typedef nvmlReturn_t (*gp_fn_nvml_procutil)(nvmlDevice_t, nvmlProcessUtilizationSample_t *,
 					   unsigned int *, unsigned long long);
 typedef nvmlReturn_t (*gp_fn_nvml_util)(nvmlDevice_t, nvmlUtilization_t *);
-typedef nvmlReturn_t (*gp_fn_nvml_byindex)(unsigned int, nvmlDevice_t *);
+typedef nvmlReturn_t (*gp_fn_nvml_byuuid)(const char *, nvmlDevice_t *);
 typedef nvmlReturn_t (*gp_fn_nvml_init)(void);
 typedef nvmlReturn_t (*gp_fn_nvml_procs)(nvmlDevice_t, unsigned int *, nvmlProcessInfo_t *);
 typedef nvmlReturn_t (*gp_fn_nvml_migmode)(nvmlDevice_t, unsigned int *, unsigned int *);
@@ -380,7 +380,11 @@ struct gp_state {
 	gp_fn_nvml_index nvml_index;
 	gp_fn_nvml_procutil nvml_procutil;
 	gp_fn_nvml_util nvml_util;
-	gp_fn_nvml_byindex nvml_byindex;
+	gp_fn_nvml_byuuid nvml_byuuid;   /* nvmlDeviceGetHandleByUUID: the limiter's NVML device of a CUdevice */
+	/* The limiter's NVML handle per CUdevice: 0 not looked up yet, 1 none
+	 * (fail closed), else handle + 2 (handles are pointers). */
+	_Atomic uintptr_t nvml_dev[GP_MAX_DEV];
+	_Atomic int nvml_dev_mig[GP_MAX_DEV]; /* found by a MIG- UUID: a MIG instance */
 	gp_fn_nvml_init nvml_init;
 	gp_fn_nvml_procs nvml_procs;     /* nvmlDeviceGetComputeRunningProcesses_v3 */
 	gp_fn_nvml_migmode nvml_migmode; /* nvmlDeviceGetMigMode */

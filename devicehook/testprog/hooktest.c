@@ -734,7 +734,10 @@ static int cmd_query(uint64_t alloc)
 	A.p_cuDeviceTotalMem(&dtot1, 0);
 	A.p_nvmlInit_v2();
 	nvmlDevice_t d;
-	A.p_nvmlDeviceGetHandleByIndex_v2(0, &d);
+	/* HOOKTEST_NVML_DEVICE=n: NVML's device n (NVML numbers GPUs in PCI
+	 * order, whatever CUDA_VISIBLE_DEVICES says). */
+	const char *nd = getenv("HOOKTEST_NVML_DEVICE");
+	A.p_nvmlDeviceGetHandleByIndex_v2(nd ? (unsigned)atoi(nd) : 0, &d);
 	nvmlMemory_t m1;
 	nvmlMemory_v2_t m2;
 	memset(&m2, 0, sizeof m2);
