@@ -804,7 +804,8 @@ static void start_control(void)
  * file): without a trusted measure of SM time the limiter cannot learn
  * what a launch costs, so it bounds time instead. Launches pass for
  * target % of a period; then the launching thread waits until the device
- * has run everything this context queued (cuCtxSynchronize), and no launch
+ * has run everything the process queued on it (sync_device: every context
+ * of the process on the device), and no launch
  * passes for busy * (100 - target) / target, busy being the wall time from
  * the first launch of the phase to the end of that wait. The device ran
  * our work at most `busy`, so our share is at most the target (less when
@@ -813,6 +814,56 @@ static void start_control(void)
  * an application whose queued work waits for that very thread (a stream
  * waiting on a value it has yet to write) would deadlock. Only this mode
  * synchronises. */
+void gp_ctx_register(int dev, CUcontext c)
+{
+	uint64_t v = (uint64_t)(uintptr_t)c;
+	if (dev < 0 || dev >= GP_MAX_DEV || v == 0)
+		return;
+	for (int i = 0; i < GP_MAX_CTX; i++)
+		if (atomic_load(&gp.ctxs[dev][i]) == v)
+			return; /* the primary context, retained again */
+	for (int i = 0; i < GP_MAX_CTX; i++) {
+		uint64_t z = 0;
+		if (atomic_compare_exchange_strong(&gp.ctxs[dev][i], &z, v))
+			return;
+	}
+	if (!atomic_exchange(&gp.ctxs_full, 1))
+		gp_log(GP_LOG_WARN, "more than %d contexts on device %d: the SM limiter's duty cycle does not wait for the "
+		       "work of the rest", GP_MAX_CTX, dev);
+}
+
+void gp_ctx_forget(CUcontext c)
+{
+	uint64_t v = (uint64_t)(uintptr_t)c;
+	for (int d = 0; v != 0 && d < GP_MAX_DEV; d++)
+		for (int i = 0; i < GP_MAX_CTX; i++) {
+			uint64_t w = v;
+			atomic_compare_exchange_strong(&gp.ctxs[d][i], &w, 0);
+		}
+}
+
+/* Waits until the device has run what this process queued on dev: the
+ * current context's work, and every other context of the process on dev
+ * (each pushed current for its cuCtxSynchronize). Review 15: waiting for
+ * the current context alone let heavy kernels from a second context run
+ * through the duty cycle's off phases (84-99 % under 30 %). */
+static void sync_device(int dev)
+{
+	if (gp.ctx_sync == NULL)
+		return;
+	gp.ctx_sync();
+	CUcontext cur = NULL, popped;
+	if (gp.ctx_get_current)
+		gp.ctx_get_current(&cur);
+	for (int i = 0; i < GP_MAX_CTX && gp.ctx_push && gp.ctx_pop; i++) {
+		uint64_t v = atomic_load(&gp.ctxs[dev][i]);
+		if (v == 0 || (CUcontext)(uintptr_t)v == cur || gp.ctx_push((CUcontext)(uintptr_t)v) != CUDA_SUCCESS)
+			continue;
+		gp.ctx_sync();
+		gp.ctx_pop(&popped);
+	}
+}
+
 static void duty_locked(struct gp_limiter *l)
 {
 	uint64_t on_ns = (uint64_t)gp.cfg.sm_period_ms * 1000000ull * (uint64_t)l->target / 100;
@@ -837,8 +888,7 @@ static void duty_locked(struct gp_limiter *l)
 		uint64_t start = l->on_start;
 		l->off_until = UINT64_MAX;
 		pthread_mutex_unlock(&l->mu);
-		if (gp.ctx_sync)
-			gp.ctx_sync();
+		sync_device((int)(l - gp.lim));
 		uint64_t t = gp_now_ns();
 		pthread_mutex_lock(&l->mu);
 		l->off_until = t + (t - start) / (uint64_t)l->target * (uint64_t)(100 - l->target);

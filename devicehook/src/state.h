@@ -299,6 +299,11 @@ struct gp_limiter {
 
 void gp_limiter_setup(void);
 void gp_limiter_admit(int dev, uint64_t cost);
+/* The contexts this process holds per device, for the duty cycle's
+ * synchronisation (review 15: it waited for the current context only). */
+#define GP_MAX_CTX 64
+void gp_ctx_register(int dev, CUcontext c);
+void gp_ctx_forget(CUcontext c);
 /* Host pid resolution around context creation (HAMi-core's method): the
  * NVML process list before and after; one new pid = ours. */
 struct gp_pidsnap {
@@ -417,6 +422,8 @@ struct gp_state {
 	_Atomic int primary_refs[GP_MAX_DEV];
 	uint64_t primary_charge[GP_MAX_DEV]; /* what the primary context is charged */
 	_Atomic int ctx_live[GP_MAX_DEV];    /* contexts this process holds on dev */
+	_Atomic uint64_t ctxs[GP_MAX_DEV][GP_MAX_CTX]; /* which (0: free entry); gp_ctx_register */
+	_Atomic int ctxs_full;                /* one was not recorded (logged once) */
 	_Atomic int ctx_ever[GP_MAX_DEV];    /* it has created one on dev */
 	_Atomic int sm_active; /* any device throttled: launches take the slow path */
 	struct gp_limiter lim[GP_MAX_DEV];
