@@ -510,12 +510,14 @@ static void accrue(struct gp_limiter *l, struct gp_sm_budget *b)
 	double win = l->cadence_us ? (double)l->cadence_us : shared_cadence(b) ? (double)shared_cadence(b) : 1e6;
 	int64_t max = (int64_t)((double)l->target / 100.0 * (win + 250000.0) * 1e3);
 	uint64_t last = atomic_load(&b->accrued_ns);
-	if (last >= now || last == 0) {
+	if (last == 0 || last > now + 1000000000ull) {
 		/* Never accrued, or a time from the future (a tenant's write):
 		 * start from now. */
 		atomic_compare_exchange_strong(&b->accrued_ns, &last, now);
 		return;
 	}
+	if (last >= now)
+		return; /* another process accrued up to a moment after our clock read */
 	if (!atomic_compare_exchange_strong(&b->accrued_ns, &last, now))
 		return; /* another process accrued this interval */
 	uint64_t dt = now - last;
