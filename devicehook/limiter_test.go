@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // launchUtil runs one `launch` process per env concurrently on one fake
@@ -286,4 +287,41 @@ func TestSMLimiterAtTheProductionPeriod(t *testing.T) {
 			within(t, "the 70% container", got[1], 70, band)
 		})
 	}
+}
+
+// Review 15: the limiter asked NVML for the CUDA ordinal's device, but
+// NVML numbers GPUs in PCI order whatever CUDA_VISIBLE_DEVICES (the
+// tenant's) says. A 30 % process that sees GPU 1 as CUdevice 0
+// (CUDA_VISIBLE_DEVICES=1,0) read GPU 0's samples and process list: next
+// to an unlimited neighbour running alone on GPU 0, its own host pid was
+// never found there and the neighbour's lone samples were taken for its
+// own ("alone on the device"), so it was charged the neighbour's 100 %.
+// The hook now finds the NVML device by the UUID the driver gives for the
+// CUdevice (nvmlDeviceGetHandleByUUID); the fake numbers NVML devices
+// physically, so ordinal 0 is NVML device 1 here.
+func TestSMLimiterAsksNVMLByUUID(t *testing.T) {
+	self := limitedAt(30, 167, 100000)
+	self["CUDA_VISIBLE_DEVICES"] = "1,0"
+	measure := func() []float64 {
+		state := filepath.Join(t.TempDir(), "device")
+		self["FAKECUDA_STATE"] = state
+		// The neighbour runs on GPU 0 first, so its context and samples
+		// are there when ours is created.
+		neighbour := command(env{"FAKENVML_SAMPLE_MS": "167", "FAKECUDA_PID_OFFSET": "200000",
+			"CUDA_VISIBLE_DEVICES": "0", "FAKECUDA_STATE": state}.hooked(), "gpa", "launch", "kernel", "7", "1")
+		var nout bytes.Buffer
+		neighbour.Stdout = &nout
+		if err := neighbour.Start(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Second)
+		got := float(t, run(t, self, "gpa", "launch", "kernel", "5", "2.5"), "util")
+		if err := neighbour.Wait(); err != nil {
+			t.Fatalf("neighbour: %v", err)
+		}
+		return []float64{got, float(t, parseKV(nout.String()), "util")}
+	}
+	got := shares(t, measure, 30, 100)
+	t.Logf("30%% on GPU 1 seen as CUdevice 0, an unlimited neighbour alone on GPU 0: %.1f%% (neighbour %.1f%%)", got[0], got[1])
+	within(t, "30% on GPU 1 as CUdevice 0", got[0], 30, smBand)
 }

@@ -76,3 +76,29 @@ mount -o remount,ro %[1]s && mount -o remount,ro %[2]s`, a, b, fakeDir, filepath
 		}
 	})
 }
+
+// Review 15: the duty cycle's synchronisation waited for the current
+// context only (cuCtxSynchronize). With the fake's per-context sync, as
+// the real driver's, a process that launched empty kernels in its primary
+// context and 300 ms ones from a second context of the same device paid
+// off time for the empty ones only whenever the empty-kernel thread ended a
+// phase (84–99 % under 30 %). The duty cycle now waits for every context
+// the process holds on the device.
+func TestDutyCycleWaitsForEveryContext(t *testing.T) {
+	file := "CUDA_DEVICE_SM_LIMIT=30\n"
+	e := env{"FAKENVML_SAMPLE_MS": "167", "FAKECUDA_PID_OFFSET": "100000", "FAKECUDA_CTX_SYNC": "1",
+		"FAKECUDA_STATE": filepath.Join(t.TempDir(), "device")}.hooked()
+	got := shares(t, func() []float64 {
+		// No trusted NVML (the fake's folder is writable and we are
+		// root in the namespace): the duty cycle holds the limit.
+		kv, logs := inLimitsNamespaceSetup(t, &file, "", e, "gpa", "twoctx", "6")
+		if !strings.Contains(logs, "duty cycle") {
+			t.Fatalf("the duty cycle did not run:\n%s", logs)
+		}
+		return []float64{float(t, kv, "util")}
+	}, 30)
+	t.Logf("30%% limit, duty cycle, heavy kernels in a second context: %.1f%%", got[0])
+	if got[0] > 30+smBand || got[0] < 10 {
+		t.Errorf("got %.1f%% of the device, want at most 30 (+%d), not starved (at least 10)", got[0], smBand)
+	}
+}

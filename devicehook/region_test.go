@@ -19,6 +19,11 @@ const (
 	slotSize     = 192
 	reclaimBit   = uint64(1) << 62
 	regionMaxDev = 16
+	// After the slots: the SM budgets (64 bytes per device) and each
+	// slot's SM tail (192 bytes; src/region.c I10).
+	regionSize = slotsOffset + slotSize*1024 + 64*regionMaxDev + 192*1024
+	// The layout before them (the slots alone): still ours, for memory.
+	regionV1Size = slotsOffset + slotSize*1024
 )
 
 type slot struct {
@@ -30,7 +35,12 @@ type slot struct {
 // would have left it.
 func writeRegion(t *testing.T, path string, slots []slot) {
 	t.Helper()
-	buf := make([]byte, slotsOffset+slotSize*1024)
+	writeRegionSized(t, path, regionSize, slots)
+}
+
+func writeRegionSized(t *testing.T, path string, size int, slots []slot) {
+	t.Helper()
+	buf := make([]byte, size)
 	binary.LittleEndian.PutUint64(buf[0:], regionMagic)
 	binary.LittleEndian.PutUint32(buf[8:], uint32(len(slots)))
 	for i, s := range slots {
@@ -100,8 +110,10 @@ func TestRegionReclaimsStaleSlots(t *testing.T) {
 // per-process accounting would hand out the whole limit once more.
 func TestRegionWithForeignLayoutFailsClosed(t *testing.T) {
 	for name, foreign := range map[string][]byte{
-		"short file":            []byte("HAMi-core shared region, not ours"),
-		"our size, other magic": append([]byte("HAMiHAMi"), make([]byte, slotsOffset+slotSize*1024-8)...),
+		"short file":                  []byte("HAMi-core shared region, not ours"),
+		"our size, other magic":       append([]byte("HAMiHAMi"), make([]byte, regionSize-8)...),
+		"our older size, other magic": append([]byte("HAMiHAMi"), make([]byte, regionV1Size-8)...),
+		"neither of our sizes":        append([]byte("gppkh001"), make([]byte, regionSize-8-64)...),
 	} {
 		t.Run(name, func(t *testing.T) {
 			cache := filepath.Join(t.TempDir(), "cache")
@@ -122,6 +134,34 @@ func TestRegionWithForeignLayoutFailsClosed(t *testing.T) {
 				t.Errorf("the foreign file was modified")
 			}
 		})
+	}
+}
+
+// A file of the layout before the container's SM state (the slots alone:
+// made by the previous library, still running in the container's other
+// processes after an upgrade of gpupack-node, or where only that much
+// fits) is still the container's memory accounting, with the SM budget
+// per process and one INFO line; before, any size but the current one
+// failed closed, so an upgrade under running pods would have refused
+// every allocation of their next processes.
+func TestRegionOfTheOlderLayoutStillCountsMemory(t *testing.T) {
+	const limit, chunk, held = 64 * mib, 4 * mib, 32 * mib
+	cache := filepath.Join(t.TempDir(), "cache")
+	writeRegionSized(t, cache, regionV1Size, []slot{{owner: uint64(os.Getpid()), start: startTime(t), used0: uint64(held)}})
+	e := env{"FAKECUDA_MEM": fmt.Sprint(1 * gib), "CUDA_DEVICE_MEMORY_LIMIT": "64m", "LIBCUDA_LOG_LEVEL": "3",
+		"CUDA_DEVICE_MEMORY_SHARED_CACHE": cache}.hooked()
+	out, err := command(e, "direct", "grab", fmt.Sprint(chunk)).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if got := num(t, parseKV(string(out)), "n"); got != (limit-held)/chunk {
+		t.Errorf("next to 32 MiB held in an older-layout file: got %d chunks, want %d\n%s", got, (limit-held)/chunk, out)
+	}
+	if !strings.Contains(string(out), "SM budgets stay per process") {
+		t.Errorf("no line saying the SM budget is per process with this file:\n%s", out)
+	}
+	if st, err := os.Stat(cache); err != nil || st.Size() != regionV1Size {
+		t.Errorf("the older-layout file was resized: %v %v", st, err)
 	}
 }
 
@@ -227,5 +267,31 @@ exec "$@"`, dir)
 	}
 	if kv := parseKV(string(out)); kv["n"] != "0" || !strings.Contains(string(out), "every GPU memory allocation is refused") {
 		t.Errorf("output %q: want 0 chunks and one error line", out)
+	}
+}
+
+// An accounting tmpfs sized for the older layout (the device plugin sized
+// it from bypass.RegionSize before the SM state was added; pods admitted
+// then keep it): the file is made in the older layout rather than failing
+// closed, and memory is accounted as ever.
+func TestSharedCacheInATmpfsSizedForTheOlderLayout(t *testing.T) {
+	testenvUnshare(t)
+	dir := t.TempDir()
+	// deviceplugin.AccountingTmpfsBytes of the older size: pages, plus one.
+	size := (regionV1Size+4095)/4096*4096 + 4096
+	script := fmt.Sprintf(`set -e
+mount -t tmpfs -o size=%[2]d tmpfs %[1]s
+"$@"
+stat -c size=%%s %[1]s/cache`, dir, size)
+	cmd := exec.Command("unshare", "-m", "-r", "sh", "-c", script, "sh", hooktest, "direct", "grab", fmt.Sprint(4*mib))
+	cmd.Env = env{"FAKECUDA_MEM": fmt.Sprint(1 * gib), "CUDA_DEVICE_MEMORY_LIMIT": "64m",
+		"CUDA_DEVICE_MEMORY_SHARED_CACHE": filepath.Join(dir, "cache")}.hooked().list()
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	kv := parseKV(string(out))
+	if kv["n"] != "16" || kv["size"] != fmt.Sprint(regionV1Size) {
+		t.Errorf("output %q: want 16 chunks of 4 MiB and a file of the older layout (%d bytes)", out, regionV1Size)
 	}
 }

@@ -122,11 +122,18 @@ func TestLimitsFileWithoutUUIDsKeepsOrdinals(t *testing.T) {
 
 // What the process is shown (cuMemGetInfo, cuDeviceTotalMem, NVML memory
 // info) is the limit of the GPU it looks at, by UUID: NVML devices too are
-// matched by nvmlDeviceGetUUID, not taken by their NVML index.
+// matched by nvmlDeviceGetUUID, not taken by their NVML index. The fake's
+// NVML numbers GPUs physically (PCI order), as the real one does, and the
+// file names them in another order, so neither the CUDA ordinal nor the
+// NVML index is the limits index here.
 func TestDeviceUUIDsKeyTheMemoryViews(t *testing.T) {
 	e := env{"FAKECUDA_MEM": fmt.Sprint(1 * gib), "FAKECUDA_DEVICES": "2", "CUDA_VISIBLE_DEVICES": "1,0",
-		"HOOKTEST_DEVICE": "0"}.hooked()
-	file := uuidLimits(t, true, 64, 32) // GPU 0: 64 MiB, GPU 1 (CUdevice 0 and NVML device 0 here): 32 MiB
+		"HOOKTEST_DEVICE": "0", "HOOKTEST_NVML_DEVICE": "1"}.hooked()
+	// Index 0: GPU 1 (CUdevice 0, NVML device 1 here), 32 MiB; index 1:
+	// GPU 0, 64 MiB.
+	file := "# gpupack-node\nCUDA_DEVICE_MEMORY_LIMIT_0=32m\nGPUPACK_DEVICE_UUID_0=" + fakeUUID(1) +
+		"\nCUDA_DEVICE_MEMORY_LIMIT_1=64m\nGPUPACK_DEVICE_UUID_1=" + fakeUUID(0) +
+		"\nCUDA_DEVICE_MEMORY_SHARED_CACHE=" + filepath.Join(t.TempDir(), "cache") + "\n"
 	kv, logs := inLimitsNamespace(t, &file, e, "direct", "query", fmt.Sprint(8*mib))
 	for k, want := range map[string]int64{"total": 32 * mib, "free": 24 * mib, "devtotal": 32 * mib,
 		"nvml_total": 32 * mib, "nvml_used": 8 * mib, "nvml2_total": 32 * mib, "nvml2_free": 24 * mib} {

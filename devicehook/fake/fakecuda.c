@@ -54,9 +54,12 @@
  *    physical device p the UUID GPU-fa4e0000-0000-4000-8000-0000000000<p,
  *    two hex digits>, or the p-th of FAKECUDA_UUIDS (comma-separated; the
  *    GPUs a container runtime exposed, as integration tests model them).
- *    Only the UUID follows the physical device: memory,
- *    contexts and the simulated clock stay per CUdevice (the fake NVML
- *    numbers devices as CUDA does), which the tests of the map need.
+ *    The simulated clock, each process's device time, its contexts and
+ *    its NVML-visible memory are kept per physical device (PH), and the
+ *    fake NVML numbers physical devices in their own order, as the real
+ *    one numbers GPUs in PCI order: under a reordered CUDA_VISIBLE_DEVICES
+ *    a CUDA ordinal is not an NVML index (review 15). The driver-side
+ *    memory counters (fakecuda_used) stay per CUdevice of the process.
  *  - fakecuda_* functions expose counters to tests.
  */
 #define _GNU_SOURCE
@@ -146,8 +149,16 @@ static struct {
 	struct clock_state *clk;
 	int myproc;
 	int phys[MAXDEV]; /* CUdevice -> physical device (CUDA_VISIBLE_DEVICES) */
+	int nphys;        /* physical devices (FAKECUDA_DEVICES) */
 	char uuid[MAXDEV][48]; /* of each physical device */
 } F = {.once = PTHREAD_ONCE_INIT};
+
+/* The shared clock state (busy_until, per-process busy, contexts, memory,
+ * buckets) is kept per physical device, as a real device is one whatever
+ * each process's CUDA_VISIBLE_DEVICES calls it; the fake NVML numbers
+ * devices physically too (PCI order), so a CUDA ordinal is not an NVML
+ * index under a reordered CUDA_VISIBLE_DEVICES. */
+#define PH(d) ((d) >= 0 && (d) < MAXDEV ? F.phys[(d)] : (d))
 
 static __thread struct fake_ctx *cur;
 static __thread struct fake_ctx *ctx_stack[16];
@@ -185,6 +196,7 @@ static void fake_init(void)
 	F.ndev = v ? atoi(v) : 2;
 	if (F.ndev < 1 || F.ndev > MAXDEV)
 		F.ndev = 2;
+	F.nphys = F.ndev;
 	for (int i = 0; i < MAXDEV; i++) {
 		F.phys[i] = i;
 		snprintf(F.uuid[i], sizeof F.uuid[i], "GPU-fa4e0000-0000-4000-8000-0000000000%02x", i);
@@ -282,7 +294,7 @@ static void twins_start(int dev)
 			if (!atomic_compare_exchange_strong(&F.clk->proc[i].pid, &z, pp))
 				continue;
 			atomic_store(&F.clk->proc[i].hostpid, 900000 + 16 * (uint64_t)me + (uint64_t)t);
-			atomic_store(&F.clk->proc[i].ctxs[dev], 1);
+			atomic_store(&F.clk->proc[i].ctxs[PH(dev)], 1);
 			twin_slot[dev][ntwin[dev]++] = i;
 			break;
 		}
@@ -298,12 +310,12 @@ static void proc_mem(int dev, int64_t delta)
 		long k = env_long("FAKECUDA_TWIN_ECHO");
 		int echo = delta > 0 ? atomic_fetch_add(&twin_echoed, 1) < k : 1;
 		for (int t = 0; t < ntwin[dev] && echo; t++) {
-			_Atomic int64_t *m = &F.clk->proc[twin_slot[dev][t]].mem[dev];
+			_Atomic int64_t *m = &F.clk->proc[twin_slot[dev][t]].mem[PH(dev)];
 			if (delta > 0 || atomic_load(m) >= -delta)
 				atomic_fetch_add(m, delta);
 		}
 	}
-	atomic_fetch_add(&F.clk->proc[s].mem[dev], delta);
+	atomic_fetch_add(&F.clk->proc[s].mem[PH(dev)], delta);
 }
 
 static int dev_take(int dev, uint64_t size);
@@ -317,7 +329,7 @@ static uint64_t ctx_mem(void)
 static void ctx_count(int dev, int delta)
 {
 	int s = proc_slot();
-	if (s >= 0 && dev >= 0 && dev < MAXDEV && atomic_fetch_add(&F.clk->proc[s].ctxs[dev], delta) == 0 && delta > 0 &&
+	if (s >= 0 && dev >= 0 && dev < MAXDEV && atomic_fetch_add(&F.clk->proc[s].ctxs[PH(dev)], delta) == 0 && delta > 0 &&
 	    ntwin[dev] == 0)
 		twins_start(dev);
 }
@@ -328,7 +340,7 @@ static void bucket_add(int s, int dev, uint64_t start, uint64_t end)
 	for (uint64_t b = start / BUCKET_NS; b * BUCKET_NS < end; b++) {
 		uint64_t lo = b * BUCKET_NS > start ? b * BUCKET_NS : start;
 		uint64_t hi = (b + 1) * BUCKET_NS < end ? (b + 1) * BUCKET_NS : end;
-		struct bucket *k = &F.clk->buckets[s][dev][b % NBUCKET];
+		struct bucket *k = &F.clk->buckets[s][PH(dev)][b % NBUCKET];
 		uint64_t e = atomic_load(&k->epoch);
 		if (e != b && atomic_compare_exchange_strong(&k->epoch, &e, b))
 			atomic_store(&k->ns, 0);
@@ -395,19 +407,50 @@ EXPORT int fakecuda_ctx_procs(int dev, uint64_t *hostpids, uint64_t *mem, int ma
 	return n;
 }
 /* Cumulative simulated busy ns of every process that launched on dev. */
-EXPORT int fakecuda_busy(int dev, uint64_t *pids, uint64_t *busy, int max)
+static int busy_of(int p, uint64_t *pids, uint64_t *busy, int max)
 {
-	init();
 	int n = 0;
-	for (int i = 0; i < MAXPROC && n < max; i++) {
-		uint64_t p = atomic_load(&F.clk->proc[i].pid);
-		if (p == 0)
+	for (int i = 0; i < MAXPROC && n < max && p >= 0 && p < MAXDEV; i++) {
+		uint64_t pid = atomic_load(&F.clk->proc[i].pid);
+		if (pid == 0)
 			continue;
-		pids[n] = p;
-		busy[n] = atomic_load(&F.clk->proc[i].busy[dev]);
+		pids[n] = pid;
+		busy[n] = atomic_load(&F.clk->proc[i].busy[p]);
 		n++;
 	}
 	return n;
+}
+/* Of CUdevice dev (tests), and of physical device p (the fake NVML). */
+EXPORT int fakecuda_busy(int dev, uint64_t *pids, uint64_t *busy, int max)
+{
+	init();
+	return busy_of(PH(dev), pids, busy, max);
+}
+EXPORT int fakecuda_busy_phys(int p, uint64_t *pids, uint64_t *busy, int max)
+{
+	init();
+	return busy_of(p, pids, busy, max);
+}
+
+/* For the fake NVML, which numbers the FAKECUDA_DEVICES physical devices
+ * in their own order: how many, each one's UUID, what this process holds
+ * on it (0 when it does not see it). */
+EXPORT int fakecuda_nphys(void) { init(); return F.nphys; }
+EXPORT int fakecuda_uuid_phys(int p, char *out, unsigned n)
+{
+	init();
+	if (p < 0 || p >= F.nphys || n == 0)
+		return -1;
+	snprintf(out, n, "%s", F.uuid[p]);
+	return 0;
+}
+EXPORT uint64_t fakecuda_used_phys(int p)
+{
+	init();
+	for (int c = 0; c < F.ndev; c++)
+		if (F.phys[c] == p)
+			return atomic_load(&F.used[c]);
+	return 0;
 }
 
 /* ---- device, context ------------------------------------------------------ */
@@ -911,7 +954,7 @@ static CUresult free_async(CUdeviceptr p, CUstream s)
 	if (h->magic != MAGIC)
 		return CUDA_ERROR_INVALID_VALUE;
 	struct fake_pool *fp = h->pool;
-	uint64_t at = atomic_load(&F.clk->busy_until[h->dev]);
+	uint64_t at = atomic_load(&F.clk->busy_until[PH(h->dev)]);
 	if (fp == NULL || at <= now_ns())
 		return free_block(h);
 	pthread_mutex_lock(&fp->mu);
@@ -1037,13 +1080,13 @@ static CUresult run_on_clock(uint64_t ns)
 	if (ns == 0)
 		return CUDA_SUCCESS; /* an empty kernel takes no device time */
 	int dev = cur->dev;
-	uint64_t now = now_ns(), bu = atomic_load(&F.clk->busy_until[dev]), start;
+	uint64_t now = now_ns(), bu = atomic_load(&F.clk->busy_until[PH(dev)]), start;
 	do {
 		start = bu > now ? bu : now;
-	} while (!atomic_compare_exchange_weak(&F.clk->busy_until[dev], &bu, start + ns));
+	} while (!atomic_compare_exchange_weak(&F.clk->busy_until[PH(dev)], &bu, start + ns));
 	int s = proc_slot();
 	if (s >= 0) {
-		atomic_fetch_add(&F.clk->proc[s].busy[dev], ns);
+		atomic_fetch_add(&F.clk->proc[s].busy[PH(dev)], ns);
 		bucket_add(s, dev, start, start + ns);
 	}
 	uint64_t end = start + ns;
@@ -1121,7 +1164,7 @@ EXPORT CUresult cuCtxSynchronize(void)
 {
 	if (cur == NULL)
 		return CUDA_ERROR_INVALID_CONTEXT;
-	uint64_t bu = atomic_load(&F.clk->busy_until[cur->dev]), now = now_ns();
+	uint64_t bu = atomic_load(&F.clk->busy_until[PH(cur->dev)]), now = now_ns();
 	/* FAKECUDA_CTX_SYNC=1 (review 15): as the real driver, wait only for
 	 * the work queued from this context, not for the whole device. */
 	if (getenv("FAKECUDA_CTX_SYNC"))
@@ -1169,7 +1212,7 @@ EXPORT CUresult cuStreamSynchronize(CUstream s)
 	if (fs == NULL && cur == NULL)
 		return CUDA_ERROR_INVALID_CONTEXT;
 	int dev = fs ? fs->dev : cur->dev;
-	uint64_t bu = atomic_load(&F.clk->busy_until[dev]), now = now_ns();
+	uint64_t bu = atomic_load(&F.clk->busy_until[PH(dev)]), now = now_ns();
 	if (bu > now) {
 		struct timespec ts = {(time_t)((bu - now) / 1000000000ull), (long)((bu - now) % 1000000000ull)};
 		nanosleep(&ts, NULL);

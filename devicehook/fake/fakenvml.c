@@ -24,6 +24,9 @@
  * against: every call is a fresh sample of the time since the previous call.
  * nvmlDeviceGetComputeRunningProcesses_v3 lists processes with a live
  * context (host pids).
+ * Devices are the physical ones in their own order (the real NVML's PCI
+ * order), whatever the caller's CUDA_VISIBLE_DEVICES; nvmlDeviceGetUUID
+ * and nvmlDeviceGetHandleByUUID name them as cuDeviceGetUuid does.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -31,6 +34,7 @@
 #include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 #include "../src/cuda_types.h"
@@ -38,10 +42,10 @@
 #define EXPORT __attribute__((visibility("default")))
 #define MAXP 256
 
-uint64_t fakecuda_used(int dev);
+uint64_t fakecuda_used_phys(int p);
 uint64_t fakecuda_mem(void);
-int fakecuda_ndev(void);
-int fakecuda_busy(int dev, uint64_t *pids, uint64_t *busy, int max);
+int fakecuda_nphys(void);
+int fakecuda_busy_phys(int p, uint64_t *pids, uint64_t *busy, int max);
 int fakecuda_window(int dev, uint64_t from, uint64_t to, uint64_t *hostpids, uint64_t *busy, int max);
 int fakecuda_ctx_procs(int dev, uint64_t *hostpids, uint64_t *mem, int max);
 
@@ -66,46 +70,61 @@ static int idx(nvmlDevice_t d) { return (int)(uintptr_t)d - 1; }
 EXPORT nvmlReturn_t nvmlInit_v2(void) { return NVML_SUCCESS; }
 EXPORT nvmlReturn_t nvmlInit(void) { return NVML_SUCCESS; }
 EXPORT nvmlReturn_t nvmlShutdown(void) { return NVML_SUCCESS; }
-EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned *n) { *n = (unsigned)fakecuda_ndev(); return NVML_SUCCESS; }
+EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned *n) { *n = (unsigned)fakecuda_nphys(); return NVML_SUCCESS; }
 EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned i, nvmlDevice_t *d)
 {
-	if ((int)i >= fakecuda_ndev())
+	if ((int)i >= fakecuda_nphys())
 		return NVML_ERROR_INVALID_ARGUMENT;
 	*d = (nvmlDevice_t)(uintptr_t)(i + 1);
 	return NVML_SUCCESS;
 }
 EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t d, unsigned *i)
 {
-	if (idx(d) < 0 || idx(d) >= fakecuda_ndev())
+	if (idx(d) < 0 || idx(d) >= fakecuda_nphys())
 		return NVML_ERROR_INVALID_ARGUMENT;
 	*i = (unsigned)idx(d);
 	return NVML_SUCCESS;
 }
-int fakecuda_uuid(int ord, char *out, unsigned n);
-/* Device i is CUdevice i (the fake numbers NVML devices as CUDA does), so
- * its UUID follows CUDA_VISIBLE_DEVICES. */
+int fakecuda_uuid_phys(int p, char *out, unsigned n);
+/* NVML numbers the physical devices in their own (PCI) order, whatever
+ * this process's CUDA_VISIBLE_DEVICES: under a reordered one, CUDA ordinal
+ * i is not NVML device i (the real NVML's behaviour; the UUID is what
+ * both share). */
 EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *out, unsigned n)
 {
-	if (idx(d) < 0 || idx(d) >= fakecuda_ndev() || !out)
+	if (idx(d) < 0 || idx(d) >= fakecuda_nphys() || !out)
 		return NVML_ERROR_INVALID_ARGUMENT;
-	return fakecuda_uuid(idx(d), out, n) == 0 ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT;
+	return fakecuda_uuid_phys(idx(d), out, n) == 0 ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *d)
+{
+	if (!uuid || !d)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	for (int p = 0; p < fakecuda_nphys(); p++) {
+		char u[96];
+		if (fakecuda_uuid_phys(p, u, sizeof u) == 0 && !strcasecmp(u, uuid)) {
+			*d = (nvmlDevice_t)(uintptr_t)(p + 1);
+			return NVML_SUCCESS;
+		}
+	}
+	return NVML_ERROR_NOT_FOUND;
 }
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m)
 {
-	if (idx(d) < 0 || idx(d) >= fakecuda_ndev() || !m)
+	if (idx(d) < 0 || idx(d) >= fakecuda_nphys() || !m)
 		return NVML_ERROR_INVALID_ARGUMENT;
 	m->total = fakecuda_mem();
-	m->used = fakecuda_used(idx(d));
+	m->used = fakecuda_used_phys(idx(d));
 	m->free = m->total - m->used;
 	return NVML_SUCCESS;
 }
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *m)
 {
-	if (idx(d) < 0 || idx(d) >= fakecuda_ndev() || !m)
+	if (idx(d) < 0 || idx(d) >= fakecuda_nphys() || !m)
 		return NVML_ERROR_INVALID_ARGUMENT;
 	m->total = fakecuda_mem();
 	m->reserved = 64ull << 20; /* the real driver reserves some; the hook must hide it */
-	m->used = fakecuda_used(idx(d));
+	m->used = fakecuda_used_phys(idx(d));
 	m->free = m->total - m->reserved - m->used;
 	return NVML_SUCCESS;
 }
@@ -190,7 +209,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessU
 /* FAKENVML_MIG=1: every device is in MIG mode. */
 EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t d, unsigned *current, unsigned *pending)
 {
-	if (idx(d) < 0 || idx(d) >= fakecuda_ndev() || !current || !pending)
+	if (idx(d) < 0 || idx(d) >= fakecuda_nphys() || !current || !pending)
 		return NVML_ERROR_INVALID_ARGUMENT;
 	const char *v = getenv("FAKENVML_MIG");
 	*current = *pending = (v && *v == '1') ? 1 : 0;
@@ -237,7 +256,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsi
 static nvmlReturn_t idealised_procutil(int dev, nvmlProcessUtilizationSample_t *out, unsigned *count)
 {
 	uint64_t pids[MAXP], busy[MAXP];
-	int n = fakecuda_busy(dev, pids, busy, MAXP);
+	int n = fakecuda_busy_phys(dev, pids, busy, MAXP);
 	if (out == NULL) {
 		*count = (unsigned)n;
 		return NVML_ERROR_INSUFFICIENT_SIZE;
@@ -277,7 +296,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilizatio
 	if (dev < 0 || dev >= 8 || !u)
 		return NVML_ERROR_INVALID_ARGUMENT;
 	uint64_t pids[MAXP], busy[MAXP], sum = 0;
-	int n = fakecuda_busy(dev, pids, busy, MAXP);
+	int n = fakecuda_busy_phys(dev, pids, busy, MAXP);
 	for (int i = 0; i < n; i++)
 		sum += busy[i];
 	uint64_t t = now_ns();

@@ -819,6 +819,8 @@ static uint64_t ctx_measure_end(int dev, struct ctx_meas *m)
 		gp_hostpid_before((dev), &snap_);                       \
 		CUresult crc_ = (call);                                 \
 		gp_hostpid_after((dev), &snap_, crc_ == CUDA_SUCCESS);  \
+		if (crc_ == CUDA_SUCCESS && ctx != NULL)                \
+			gp_ctx_register((dev), *ctx);                   \
 		crc_;                                                   \
 	})
 
@@ -872,6 +874,7 @@ static inline int ctx_refused(void)
 		uint64_t cost_ = ctx_measure_end(dev, &m_);                                   \
 		if (recharge(dev, gp.cfg.ctx_reserve, cost_) != CUDA_SUCCESS) {               \
 			gp_uncharge(dev, gp.cfg.ctx_reserve);                                 \
+			gp_ctx_forget(*ctx);                                                  \
 			if (gp.ctx_destroy)                                                   \
 				gp.ctx_destroy(*ctx);                                         \
 			*ctx = NULL;                                                          \
@@ -903,6 +906,8 @@ static int h_cuCtxDestroy_v2(fn_cuCtxDestroy_v2 real, CUcontext ctx)
 	uint64_t sz;
 	gp_table_get(&gp.table, (uint64_t)(uintptr_t)ctx, GP_K_CTX, &dev, &sz);
 	CUresult rc = real(ctx);
+	if (rc == CUDA_SUCCESS)
+		gp_ctx_forget(ctx);
 	if (rc == CUDA_SUCCESS && dev >= 0 && dev < GP_MAX_DEV && atomic_load(&gp.ctx_live[dev]) > 0)
 		atomic_fetch_sub(&gp.ctx_live[dev], 1);
 	if (rc == CUDA_SUCCESS && mem_on()) {
@@ -1020,6 +1025,7 @@ static int h_cuDevicePrimaryCtxRetain(fn_cuDevicePrimaryCtxRetain real, CUcontex
 			if (first && recharge(dev, gp.cfg.ctx_reserve, cost) != CUDA_SUCCESS) {
 				/* Over the limit once measured: give it back. */
 				gp_uncharge(dev, gp.cfg.ctx_reserve);
+				gp_ctx_forget(*ctx);
 				if (gp.primary_release)
 					gp.primary_release(dev);
 				*ctx = NULL;
@@ -1048,6 +1054,7 @@ static int h_cuDevicePrimaryCtxRelease_v2(fn_cuDevicePrimaryCtxRelease_v2 real, 
 		return rc;
 	pthread_mutex_lock(&gp.primary_mu);
 	if (atomic_load(&gp.primary_refs[dev]) > 0 && atomic_fetch_sub(&gp.primary_refs[dev], 1) == 1) {
+		gp_ctx_forget((CUcontext)(uintptr_t)atomic_load(&gp.primary_ctx[dev]));
 		if (atomic_load(&gp.ctx_live[dev]) > 0)
 			atomic_fetch_sub(&gp.ctx_live[dev], 1);
 		if (mem_on() && gp_mem_limited(dev))

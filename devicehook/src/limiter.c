@@ -37,7 +37,12 @@
  * bound is therefore a budget in device time that no launch shape
  * changes: it grows by target % of the wall time and shrinks by what NVML
  * says the container ran; no launch passes while it is negative. The rate
- * only makes an honest mix smooth.
+ * only makes an honest mix smooth. The budget is the container's (review
+ * 15: per process, a fresh process per long kernel never paid): one per
+ * limits index in the shared region (struct gp_sm_budget), each interval
+ * accrued and each sample charged once for the whole container, and what
+ * a process ran after its last sample (NVML lists only running
+ * processes) charged when its slot is zeroed (region.c I10).
  *
  * Fail closed (issue 15 H3b): before the first calibration, and while this
  * process's samples cannot be attributed (host pid unknown on a shared
@@ -170,12 +175,12 @@ static void nvml_syms(void)
 	if (lib == NULL)
 		return;
 	gp.nvml_init = (gp_fn_nvml_init)gp.real_dlsym(lib, "nvmlInit_v2");
-	gp.nvml_byindex = (gp_fn_nvml_byindex)gp.real_dlsym(lib, "nvmlDeviceGetHandleByIndex_v2");
+	gp.nvml_byuuid = (gp_fn_nvml_byuuid)gp.real_dlsym(lib, "nvmlDeviceGetHandleByUUID");
 	gp.nvml_procutil = (gp_fn_nvml_procutil)gp.real_dlsym(lib, "nvmlDeviceGetProcessUtilization");
 	gp.nvml_util = (gp_fn_nvml_util)gp.real_dlsym(lib, "nvmlDeviceGetUtilizationRates");
 	gp.nvml_procs = (gp_fn_nvml_procs)gp.real_dlsym(lib, "nvmlDeviceGetComputeRunningProcesses_v3");
 	gp.nvml_migmode = (gp_fn_nvml_migmode)gp.real_dlsym(lib, "nvmlDeviceGetMigMode");
-	gp.nvml_ok = gp.nvml_init != NULL && gp.nvml_init() == NVML_SUCCESS && gp.nvml_byindex && gp.nvml_procutil;
+	gp.nvml_ok = gp.nvml_init != NULL && gp.nvml_init() == NVML_SUCCESS && gp.nvml_byuuid && gp.nvml_procutil;
 	if (!gp.nvml_ok && gp.cfg.from_file) {
 		gp.nvml_untrusted = 1; /* the node's NVML, but unusable: the same safe mode */
 		gp_log(gp.cfg.any_sm_limit ? GP_LOG_ERROR : GP_LOG_INFO, "NVML does not initialise; %s",
@@ -190,6 +195,54 @@ static int nvml_ready(void)
 	return gp.nvml_ok;
 }
 
+/* The NVML device of CUdevice dev (review 15). NVML numbers GPUs in PCI
+ * order whatever CUDA_VISIBLE_DEVICES (the tenant's) says, so asking by
+ * the CUDA ordinal read a sibling GPU's utilisation and process list
+ * (its neighbour's samples charged to us, a sibling's host pid adopted).
+ * The device is found by the UUID the driver gives for dev
+ * (cuDeviceGetUuid[_v2], the driver's own, as the memory side's map) with
+ * nvmlDeviceGetHandleByUUID; looked up once and cached. Where either
+ * cannot answer, there is no NVML device for dev: the limiter stays in
+ * its duty cycle, the host pid unknown, contexts charged the reserve
+ * (fail closed, one line). */
+static int nvml_dev(int dev, nvmlDevice_t *h)
+{
+	if (dev < 0 || dev >= GP_MAX_DEV)
+		return -1;
+	uintptr_t v = atomic_load_explicit(&gp.nvml_dev[dev], memory_order_acquire);
+	if (v == 0) {
+		CUuuid u;
+		nvmlDevice_t d = NULL;
+		int ok = 0;
+		if (gp.nvml_byuuid && gp.dev_get_uuid && gp.dev_get_uuid(&u, (CUdevice)dev) == CUDA_SUCCESS) {
+			const unsigned char *b = (const unsigned char *)u.bytes;
+			char hex[40];
+			snprintf(hex, sizeof hex,
+				 "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2],
+				 b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+			static const char *const pre[] = {"GPU-", "MIG-"};
+			for (int i = 0; i < 2 && !ok; i++) {
+				char name[48];
+				snprintf(name, sizeof name, "%s%s", pre[i], hex);
+				ok = gp.nvml_byuuid(name, &d) == NVML_SUCCESS;
+				if (ok && i == 1)
+					atomic_store(&gp.nvml_dev_mig[dev], 1);
+			}
+		}
+		v = ok ? (uintptr_t)d + 2 : 1;
+		uintptr_t z = 0;
+		if (atomic_compare_exchange_strong(&gp.nvml_dev[dev], &z, v) && !ok)
+			gp_log(GP_LOG_WARN, "device %d: NVML cannot be asked for it by its UUID; the SM limit is held by a "
+			       "fixed duty cycle and contexts are charged the configured reserve", dev);
+		else
+			v = atomic_load(&gp.nvml_dev[dev]);
+	}
+	if (v == 1)
+		return -1;
+	*h = (nvmlDevice_t)(v - 2);
+	return 0;
+}
+
 /* ---- host pid ----------------------------------------------------------- */
 
 /* NVML's compute processes on dev, all of them: malloc'd (the caller
@@ -201,7 +254,7 @@ static int nvml_ready(void)
 static nvmlProcessInfo_t *list_procs(int dev, unsigned *np)
 {
 	nvmlDevice_t h;
-	if (!gp.nvml_procs || gp.nvml_byindex((unsigned)dev, &h) != NVML_SUCCESS)
+	if (!gp.nvml_procs || nvml_dev(dev, &h) != 0)
 		return NULL;
 	unsigned cap = 64;
 	for (int try = 0; try < 4; try++) {
@@ -421,22 +474,104 @@ static double attribute(struct gp_limiter *l, nvmlProcessUtilizationSample_t *s,
 	return -1;
 }
 
-/* The budget grows by target % of the wall time since the last tick, up
- * to what one sample window and the burst would spend (so a container
- * idle for a while cannot bank more than that). */
-static void accrue(struct gp_limiter *l)
+/* The container's budget for dev (review 15): the shared region's slot of
+ * dev's limits index, so every process of the container (and every
+ * process after it) spends and pays into one budget; the process's own
+ * only for a device with no limits index. */
+static struct gp_sm_budget *budget_of(int dev, struct gp_limiter *l)
+{
+	struct gp_sm_budget *b = atomic_load_explicit(&l->budget, memory_order_acquire);
+	if (b != NULL)
+		return b;
+	b = gp_region_budget(&gp.region, gp_dev_index(dev));
+	if (b == NULL)
+		b = &l->local;
+	atomic_store_explicit(&l->budget, b, memory_order_release);
+	return b;
+}
+
+/* The container's sample cadence as last seen by any of its processes,
+ * bounded (the region is tenant-writable): 0 when unknown. */
+static unsigned long long shared_cadence(struct gp_sm_budget *b)
+{
+	unsigned long long c = atomic_load(&b->cadence_us);
+	return c < MIN_GAP_US ? 0 : c > 2000000ull ? 2000000ull : c;
+}
+
+/* The budget grows by target % of the wall time since the container's
+ * last accrual, up to what one sample window and the burst would spend
+ * (so a container idle for a while cannot bank more than that). Each
+ * interval is accrued once, by whichever process's tick claims it (CAS on
+ * accrued_ns); a budget above the cap (written by a tenant, or a cap that
+ * shrank) is brought back to it. */
+static void accrue(struct gp_limiter *l, struct gp_sm_budget *b)
 {
 	uint64_t now = gp_now_ns();
-	pthread_mutex_lock(&l->mu);
-	if (l->credit_ns != 0) {
-		double win = l->cadence_us ? (double)l->cadence_us : 1e6;
-		double max = (double)l->target / 100.0 * (win + 250000.0);
-		l->credit += (double)l->target / 100.0 * (double)(now - l->credit_ns) / 1e3;
-		if (l->credit > max)
-			l->credit = max;
+	double win = l->cadence_us ? (double)l->cadence_us : shared_cadence(b) ? (double)shared_cadence(b) : 1e6;
+	int64_t max = (int64_t)((double)l->target / 100.0 * (win + 250000.0) * 1e3);
+	uint64_t last = atomic_load(&b->accrued_ns);
+	if (last == 0 || last > now + 1000000000ull) {
+		/* Never accrued, or a time from the future (a tenant's write):
+		 * start from now. */
+		atomic_compare_exchange_strong(&b->accrued_ns, &last, now);
+		return;
 	}
-	l->credit_ns = now;
-	pthread_mutex_unlock(&l->mu);
+	if (last >= now)
+		return; /* another process accrued up to a moment after our clock read */
+	if (!atomic_compare_exchange_strong(&b->accrued_ns, &last, now))
+		return; /* another process accrued this interval */
+	uint64_t dt = now - last;
+	int64_t add = dt > 3600000000000ull ? max : (int64_t)((double)l->target / 100.0 * (double)dt);
+	int64_t cur = atomic_load(&b->credit_ns), nv;
+	do {
+		nv = cur > max || add > max - cur ? max : cur + add;
+	} while (!atomic_compare_exchange_weak(&b->credit_ns, &cur, nv));
+}
+
+/* Claims the samples stamped in (old, ts] for charging: 1 and *old when
+ * this process is the first of the container to see ts. A charged stamp
+ * in the future is from before a backward step of the wall clock (or a
+ * tenant's write): it is replaced. */
+static int claim(struct gp_sm_budget *b, unsigned long long ts, unsigned long long rt, unsigned long long *old)
+{
+	uint64_t o = atomic_load(&b->charged_ts);
+	while (ts > o || o > rt + FUTURE_US) {
+		if (atomic_compare_exchange_weak(&b->charged_ts, &o, ts)) {
+			*old = o > rt + FUTURE_US ? 0 : o;
+			return 1;
+		}
+	}
+	return 0;
+}
+
+/* Review 15: what this process may still have running on dev that no
+ * NVML sample covered starts at its first launch since the last sample
+ * that did (region.c I10); its slot says so, so that whoever zeroes the
+ * slot (this process at exit, a reclaimer after a SIGKILL) charges it. */
+static void note_launch(int dev, struct gp_limiter *l)
+{
+	uint64_t now = gp_now_ns();
+	atomic_store_explicit(&l->last_launch_ns, now, memory_order_relaxed);
+	gp_region_sm_alive(&gp.region);
+	gp_region_sm_from(&gp.region, gp_dev_index(dev), now, 0);
+}
+
+/* A poll of NVML moved what is covered: a sample stamped at end_ns
+ * (monotonic) reported everything up to it; and when this process was not
+ * in it (or there was no sample) and launched nothing for a whole window
+ * before, nothing of it can be running unreported. */
+static void covered(int dev, struct gp_limiter *l, uint64_t end_ns, int listed, uint64_t now_ns, unsigned long long c)
+{
+	int i = gp_dev_index(dev);
+	if (i < 0)
+		return;
+	uint64_t last = atomic_load_explicit(&l->last_launch_ns, memory_order_relaxed);
+	uint64_t cns = (uint64_t)c * 1000ull;
+	if (end_ns != 0)
+		gp_region_sm_from(&gp.region, i, end_ns, 1);
+	uint64_t ref = end_ns != 0 ? end_ns : now_ns > cns ? now_ns - cns : 0;
+	if (!listed && ref > cns && last < ref - cns)
+		gp_region_sm_from(&gp.region, i, 0, 0);
 }
 
 /* Issue 15 L3: the ring is kept in monotonic time, and NVML's stamps (wall
@@ -454,7 +589,8 @@ static void control(int dev, struct gp_limiter *l)
 	unsigned long long rt;
 	long long off;
 	clocks_us(&rt, &off);
-	accrue(l);
+	struct gp_sm_budget *b = budget_of(dev, l);
+	accrue(l, b);
 	if (l->off_known && llabs(off - l->clock_off) > STEP_US) {
 		gp_log(GP_LOG_INFO, "limiter dev %d: the wall clock stepped by %lld ms; NVML's stamps re-based", dev,
 		       (off - l->clock_off) / 1000);
@@ -470,34 +606,65 @@ static void control(int dev, struct gp_limiter *l)
 	if (l->ring_n < GP_RING)
 		l->ring_n++;
 	nvmlDevice_t h;
-	if (!nvml_ready() || gp.nvml_byindex((unsigned)dev, &h) != NVML_SUCCESS)
+	if (!nvml_ready() || nvml_dev(dev, &h) != 0)
 		return;
 	nvmlProcessUtilizationSample_t s[MAX_SAMPLES];
 	unsigned n = MAX_SAMPLES;
 	unsigned long long prev_poll = l->poll_rt;
 	l->poll_rt = rt;
-	if (gp.nvml_procutil(h, s, &n, l->last_sample_us) != NVML_SUCCESS)
+	unsigned long long cad = l->cadence_us ? l->cadence_us : shared_cadence(b) ? shared_cadence(b) : 1000000ull;
+	if (gp.nvml_procutil(h, s, &n, l->last_sample_us) != NVML_SUCCESS) {
+		covered(dev, l, 0, 0, now * 1000ull, cad);
 		return; /* NOT_FOUND: no sample since the last one; hold */
+	}
 	unsigned long long ts = 0, since = l->last_sample_us, until = rt + FUTURE_US;
 	for (unsigned i = 0; i < n; i++)
 		if (s[i].timeStamp > ts && s[i].timeStamp <= until)
 			ts = s[i].timeStamp;
-	if (ts <= since)
+	if (ts <= since) {
+		covered(dev, l, 0, 0, now * 1000ull, cad);
 		return; /* stale: hold */
+	}
+	{
+		unsigned self = atomic_load(&gp.host_pid);
+		int listed = self == 0; /* cannot tell: as if listed */
+		for (unsigned i = 0; i < n && !listed; i++)
+			listed = s[i].pid == self && s[i].timeStamp > since && s[i].timeStamp <= until;
+		long long e = (long long)ts - off;
+		covered(dev, l, e > 0 ? (uint64_t)e * 1000ull : 1, listed, now * 1000ull, cad);
+	}
 	unsigned long long gap = ts - since;
 	l->last_sample_us = ts;
-	if (since == 0)
-		return; /* the first: its window's length is not known yet */
-	if (gap < MIN_GAP_US)
+	if (since != 0 && gap < MIN_GAP_US)
 		return; /* the same window stamped twice: no new information */
-	/* The cadence is the smallest of the last gaps, so one odd gap cannot
-	 * shrink every later window for good. */
-	l->gaps[l->ngaps++ % 8] = gap;
-	l->cadence_us = 0;
-	for (int i = 0; i < (l->ngaps < 8 ? l->ngaps : 8); i++)
-		if (l->cadence_us == 0 || l->gaps[i] < l->cadence_us)
-			l->cadence_us = l->gaps[i];
-	unsigned long long win = l->cadence_us;
+	if (since != 0) {
+		/* The cadence is the smallest of the last gaps, so one odd gap
+		 * cannot shrink every later window for good. */
+		l->gaps[l->ngaps++ % 8] = gap;
+		l->cadence_us = 0;
+		for (int i = 0; i < (l->ngaps < 8 ? l->ngaps : 8); i++)
+			if (l->cadence_us == 0 || l->gaps[i] < l->cadence_us)
+				l->cadence_us = l->gaps[i];
+		atomic_store(&b->cadence_us, l->cadence_us);
+	}
+	/* This process's first sample: its window's length is the
+	 * container's cadence, if a process of it has seen one (review 15: a
+	 * fresh process charges what the one before it ran after its last
+	 * sample); otherwise not known yet. */
+	unsigned long long win = l->cadence_us ? l->cadence_us : shared_cadence(b);
+	if (win == 0) {
+		/* No process of the container has seen two samples yet (each
+		 * may live shorter than a cadence: review 15). The gap from the
+		 * last stamp the container charged is one, or several, windows:
+		 * its smallest so far is the cadence. */
+		unsigned long long c = atomic_load(&b->charged_ts);
+		if (c != 0 && ts > c + MIN_GAP_US && ts - c <= 2000000ull)
+			atomic_store(&b->cadence_us, ts - c);
+		else if (c == 0 || ts > c + MIN_GAP_US)
+			claim(b, ts, rt, &c); /* the container's first: only its stamp is known */
+		if ((win = shared_cadence(b)) == 0)
+			return;
+	}
 	long long tm = (long long)ts - off; /* the sample's end on the monotonic ring */
 	unsigned long long end = tm > 0 ? (unsigned long long)tm : 0;
 	double admitted = cum_at(l, end) - cum_at(l, end > win ? end - win : 0);
@@ -515,22 +682,31 @@ static void control(int dev, struct gp_limiter *l)
 	}
 	atomic_store(&l->unknown, 0);
 	/* H1/H2: what the container ran comes off the budget, whatever the
-	 * launches were. A sample covers one window (the cadence); when
-	 * samples were missed (this thread was late, gap > 1.5 windows) and we
-	 * were running before or launched since, the time since that poll is
-	 * charged at this sample's rate (the driver keeps only the last
-	 * sample). A gap of NOT_FOUND polls is idle time, not missed. */
-	double charged = (double)win;
-	unsigned long long pgap = rt - prev_poll;
-	if (prev_poll != 0 && pgap > win + win / 2 && pgap <= gap &&
-	    (l->u_prev > 0 || cum_at(l, end > win ? end - win : 0) > cum_at(l, end > gap ? end - gap : 0)))
-		charged = (double)pgap;
+	 * launches were, once per sample for the whole container (review 15):
+	 * the first of its processes to see a stamp charges the samples since
+	 * the last one charged. A sample covers one window (the cadence); when
+	 * samples were missed (this thread was late, gap > 1.5 windows; only
+	 * when nobody charged in between) and we were running before or
+	 * launched since, the time since that poll is charged at this
+	 * sample's rate (the driver keeps only the last sample). A gap of
+	 * NOT_FOUND polls is idle time, not missed. */
+	unsigned long long old;
+	if (claim(b, ts, rt, &old)) {
+		double uc = old == since ? u : attribute(l, s, n, old, until, admitted);
+		double charged = (double)win;
+		unsigned long long pgap = rt - prev_poll;
+		if (old == since && since != 0 && prev_poll != 0 && pgap > win + win / 2 && pgap <= gap &&
+		    (l->u_prev > 0 || cum_at(l, end > win ? end - win : 0) > cum_at(l, end > gap ? end - gap : 0)))
+			charged = (double)pgap;
+		if (uc > 0) {
+			atomic_fetch_sub(&b->credit_ns, (int64_t)(uc / 100.0 * charged * 1e3));
+			gp_log(GP_LOG_DEBUG, "limiter dev %d: the container ran %.1f %% of %.0f us; budget %.0f us", dev,
+			       uc, charged, (double)atomic_load(&b->credit_ns) / 1e3);
+		}
+	}
 	l->u_prev = u;
-	pthread_mutex_lock(&l->mu);
-	l->credit -= u / 100.0 * charged;
-	pthread_mutex_unlock(&l->mu);
-	if (u > 0)
-		gp_log(GP_LOG_DEBUG, "limiter dev %d: ran %.1f %% of %.0f us; budget %.0f us", dev, u, charged, l->credit);
+	if (since == 0)
+		return; /* nothing to learn from the first sample */
 	double obs = admitted / ((double)win / 1e6);
 	if (u <= 0 || obs <= 0)
 		return; /* nothing of ours ran: nothing to learn */
@@ -547,17 +723,26 @@ static void control(int dev, struct gp_limiter *l)
 	l->rate = r;
 	pthread_mutex_unlock(&l->mu);
 	gp_log(GP_LOG_DEBUG, "limiter dev %d: util %.1f in %llu us, admitted %.0f/s, target %d, rate %.0f, budget %.0f us",
-	       dev, u, win, obs, l->target, r, l->credit);
+	       dev, u, win, obs, l->target, r, (double)atomic_load(&b->credit_ns) / 1e3);
 }
 
 static void *control_loop(void *arg)
 {
 	(void)arg;
-	uint64_t period_ns = (uint64_t)gp.cfg.sm_period_ms * 1000000ull;
+	uint64_t period_ns = (uint64_t)gp.cfg.sm_period_ms * 1000000ull, reclaimed = 0;
 	for (;;) {
 		struct timespec ts = {(time_t)(period_ns / 1000000000ull), (long)(period_ns % 1000000000ull)};
 		while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
 			;
+		gp_region_sm_alive(&gp.region);
+		/* Review 15: a SIGKILLed process's unreported time is charged
+		 * when its slot is reclaimed, so dead slots are looked for
+		 * twice a second, not only when memory runs short. */
+		uint64_t t = gp_now_ns();
+		if (t - reclaimed >= 500000000ull) {
+			reclaimed = t;
+			gp_region_reclaim_dead(&gp.region);
+		}
 		for (int d = 0; d < GP_MAX_DEV; d++)
 			if (gp.lim[d].target != 0)
 				control(d, &gp.lim[d]);
@@ -593,8 +778,12 @@ static void start_control(void)
 	for (int d = 0; d < GP_MAX_DEV; d++) {
 		nvmlDevice_t h;
 		unsigned cur = 0, pend = 0;
-		if (gp.lim[d].target == 0 || !gp.nvml_migmode || gp.nvml_byindex((unsigned)d, &h) != NVML_SUCCESS ||
-		    gp.nvml_migmode(h, &cur, &pend) != NVML_SUCCESS || cur != 1 /* NVML_DEVICE_MIG_ENABLE */)
+		if (gp.lim[d].target == 0 || nvml_dev(d, &h) != 0)
+			continue;
+		/* A CUDA device with a MIG UUID is a MIG instance (its handle
+		 * has no MIG mode of its own); else the GPU's mode. */
+		if (!atomic_load(&gp.nvml_dev_mig[d]) &&
+		    (!gp.nvml_migmode || gp.nvml_migmode(h, &cur, &pend) != NVML_SUCCESS || cur != 1 /* NVML_DEVICE_MIG_ENABLE */))
 			continue;
 		gp_log(GP_LOG_WARN, "device %d is in MIG mode: CUDA_DEVICE_SM_LIMIT=%d does not apply (the MIG slice "
 		       "bounds the SMs); launches are not throttled", d, gp.lim[d].target);
@@ -617,7 +806,8 @@ static void start_control(void)
  * file): without a trusted measure of SM time the limiter cannot learn
  * what a launch costs, so it bounds time instead. Launches pass for
  * target % of a period; then the launching thread waits until the device
- * has run everything this context queued (cuCtxSynchronize), and no launch
+ * has run everything the process queued on it (sync_device: every context
+ * of the process on the device), and no launch
  * passes for busy * (100 - target) / target, busy being the wall time from
  * the first launch of the phase to the end of that wait. The device ran
  * our work at most `busy`, so our share is at most the target (less when
@@ -626,6 +816,56 @@ static void start_control(void)
  * an application whose queued work waits for that very thread (a stream
  * waiting on a value it has yet to write) would deadlock. Only this mode
  * synchronises. */
+void gp_ctx_register(int dev, CUcontext c)
+{
+	uint64_t v = (uint64_t)(uintptr_t)c;
+	if (dev < 0 || dev >= GP_MAX_DEV || v == 0)
+		return;
+	for (int i = 0; i < GP_MAX_CTX; i++)
+		if (atomic_load(&gp.ctxs[dev][i]) == v)
+			return; /* the primary context, retained again */
+	for (int i = 0; i < GP_MAX_CTX; i++) {
+		uint64_t z = 0;
+		if (atomic_compare_exchange_strong(&gp.ctxs[dev][i], &z, v))
+			return;
+	}
+	if (!atomic_exchange(&gp.ctxs_full, 1))
+		gp_log(GP_LOG_WARN, "more than %d contexts on device %d: the SM limiter's duty cycle does not wait for the "
+		       "work of the rest", GP_MAX_CTX, dev);
+}
+
+void gp_ctx_forget(CUcontext c)
+{
+	uint64_t v = (uint64_t)(uintptr_t)c;
+	for (int d = 0; v != 0 && d < GP_MAX_DEV; d++)
+		for (int i = 0; i < GP_MAX_CTX; i++) {
+			uint64_t w = v;
+			atomic_compare_exchange_strong(&gp.ctxs[d][i], &w, 0);
+		}
+}
+
+/* Waits until the device has run what this process queued on dev: the
+ * current context's work, and every other context of the process on dev
+ * (each pushed current for its cuCtxSynchronize). Review 15: waiting for
+ * the current context alone let heavy kernels from a second context run
+ * through the duty cycle's off phases (84-99 % under 30 %). */
+static void sync_device(int dev)
+{
+	if (gp.ctx_sync == NULL)
+		return;
+	gp.ctx_sync();
+	CUcontext cur = NULL, popped;
+	if (gp.ctx_get_current)
+		gp.ctx_get_current(&cur);
+	for (int i = 0; i < GP_MAX_CTX && gp.ctx_push && gp.ctx_pop; i++) {
+		uint64_t v = atomic_load(&gp.ctxs[dev][i]);
+		if (v == 0 || (CUcontext)(uintptr_t)v == cur || gp.ctx_push((CUcontext)(uintptr_t)v) != CUDA_SUCCESS)
+			continue;
+		gp.ctx_sync();
+		gp.ctx_pop(&popped);
+	}
+}
+
 static void duty_locked(struct gp_limiter *l)
 {
 	uint64_t on_ns = (uint64_t)gp.cfg.sm_period_ms * 1000000ull * (uint64_t)l->target / 100;
@@ -650,8 +890,7 @@ static void duty_locked(struct gp_limiter *l)
 		uint64_t start = l->on_start;
 		l->off_until = UINT64_MAX;
 		pthread_mutex_unlock(&l->mu);
-		if (gp.ctx_sync)
-			gp.ctx_sync();
+		sync_device((int)(l - gp.lim));
 		uint64_t t = gp_now_ns();
 		pthread_mutex_lock(&l->mu);
 		l->off_until = t + (t - start) / (uint64_t)l->target * (uint64_t)(100 - l->target);
@@ -670,10 +909,12 @@ static void duty_admit(struct gp_limiter *l)
  * the container ran is more than target % of the time). Called with mu
  * held; waits at most 2 ms at a time so the control thread's updates take
  * effect promptly. */
-static void govern_locked(struct gp_limiter *l)
+static void govern_locked(int dev, struct gp_limiter *l)
 {
-	while (l->credit < 0) {
-		double wait = -l->credit * 100.0 / (double)l->target * 1e3 + 1000;
+	struct gp_sm_budget *b = budget_of(dev, l);
+	int64_t c;
+	while ((c = atomic_load_explicit(&b->credit_ns, memory_order_relaxed)) < 0) {
+		double wait = -(double)c * 100.0 / (double)l->target + 1000;
 		if (wait > 2e6)
 			wait = 2e6;
 		atomic_store_explicit(&l->waited, 1, memory_order_relaxed);
@@ -711,7 +952,7 @@ void gp_limiter_admit(int dev, uint64_t cost)
 		pthread_mutex_unlock(&l->mu);
 		return;
 	}
-	govern_locked(l);
+	govern_locked(dev, l);
 	/* H3(b): fail closed. Until the first calibration, and while this
 	 * process's samples cannot be attributed, nothing tells what a launch
 	 * costs: the duty cycle bounds the share instead (before, launches
@@ -726,6 +967,7 @@ void gp_limiter_admit(int dev, uint64_t cost)
 		duty_locked(l);
 		l->last_ns = gp_now_ns();
 		pthread_mutex_unlock(&l->mu);
+		note_launch(dev, l);
 		atomic_fetch_add_explicit(&l->launched, cost, memory_order_relaxed);
 		return;
 	}
@@ -754,5 +996,6 @@ void gp_limiter_admit(int dev, uint64_t cost)
 	}
 	l->tokens -= (double)cost; /* may go negative: big launches are not starved */
 	pthread_mutex_unlock(&l->mu);
+	note_launch(dev, l);
 	atomic_fetch_add_explicit(&l->launched, cost, memory_order_relaxed);
 }

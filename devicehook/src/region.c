@@ -51,11 +51,16 @@
  *      another magic or size is not touched, and the process refuses every
  *      allocation on a limited device, loudly (fail closed: per-process
  *      accounting would hand out the limit once more per process).
+ *      Two sizes are ours: the whole struct, and the slots alone (the
+ *      layout before I10: a file an older library made, or one created
+ *      where only that much fits), used for memory as ever, with the SM
+ *      state per process (h->sm = 0).
  *  I8. The file is created 0666 regardless of umask (several uids in one
  *      container share it) and its blocks are reserved (posix_fallocate)
  *      before it is mapped, so a full filesystem is an error, not SIGBUS.
  */
 #include <errno.h>
+#include <stddef.h>
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
@@ -87,14 +92,40 @@ struct gp_slot {
 	uint64_t pad[2];
 } __attribute__((aligned(64)));
 
+/* I10. Container-wide SM state (review 15: it was per process, and a
+ *      container that ran each long kernel in a fresh process never paid).
+ *      After the slots, so the slots keep their offsets (the node agent
+ *      reads them); the file's size versions it (I7). budget[i] is limits
+ *      index i's SM budget (struct gp_sm_budget, state.h: lock-free, every
+ *      field a CAS or fetch-add target, any process may write it; a
+ *      SIGKILL at any instruction leaves it consistent). tail[k] belongs to
+ *      slot k's owner (I2): from_ns[i], when it launched on index i work
+ *      NVML has not reported yet (real NVML lists only running processes:
+ *      what a process ran after its last sample is never reported), and
+ *      alive_ns, its control thread's last tick. Whoever zeroes the slot
+ *      (the owner at exit, a reclaimer after a SIGKILL) charges
+ *      alive_ns - from_ns[i] to budget[i]: a dead process's debt stays
+ *      with the container. */
+#define GP_TAIL_MAX_NS 60000000000ll /* a charge bound (the region is tenant-writable) */
+struct gp_sm_tail {
+	_Atomic uint64_t alive_ns;
+	_Atomic uint64_t from_ns[GP_MAX_DEV];
+	uint64_t pad[7];
+};
 struct gp_region {
 	_Atomic uint64_t magic;
 	_Atomic uint32_t hw; /* slots [0, hw) may be in use */
 	char pad[64 - 12];
 	struct gp_slot slots[GP_MAX_SLOTS];
+	struct gp_sm_budget budget[GP_MAX_DEV];
+	struct gp_sm_tail tail[GP_MAX_SLOTS];
 };
 
 _Static_assert(sizeof(struct gp_slot) == 192, "slot layout is part of the file format");
+_Static_assert(sizeof(struct gp_sm_budget) == 64, "budget layout is part of the file format");
+_Static_assert(sizeof(struct gp_sm_tail) == 192, "tail layout is part of the file format");
+_Static_assert(sizeof(struct gp_region) == 64 + 192 * GP_MAX_SLOTS + 64 * GP_MAX_DEV + 192 * GP_MAX_SLOTS,
+	       "region layout is part of the file format");
 
 /* Start time (field 22) of /proc/<pid>/stat, "self" when pid is 0; 0 when
  * unknown. *gone (may be NULL) is set to GONE_NOENT when /proc has no such
@@ -221,8 +252,15 @@ static int owner_dead(struct gp_slot *s, uint64_t o, struct gp_self *me)
 
 /* Maps the named file shared; NULL (reason in why) when it cannot be
  * used as our region. Never modifies a file it does not accept. */
-static struct gp_region *open_shared(const char *path, size_t size, char *why, size_t whylen)
+/* The layout before I10 (the slots alone): still used as it is, for
+ * memory, when a container's file was made by an older library or in an
+ * accounting tmpfs sized for it (an upgrade of gpupack-node under running
+ * pods); the SM state then stays per process (gp_region_budget: NULL). */
+#define GP_V1_SIZE offsetof(struct gp_region, budget)
+
+static struct gp_region *open_shared(const char *path, size_t *sizep, char *why, size_t whylen)
 {
+	size_t size = *sizep;
 	/* Every uid of the container must be able to open the file read-write
 	 * (processes of several uids share one limit): create it 0666 whatever
 	 * the umask. O_NONBLOCK: a FIFO planted at the path must not hang us. */
@@ -245,7 +283,7 @@ static struct gp_region *open_shared(const char *path, size_t size, char *why, s
 		snprintf(why, whylen, "fstat: %s", strerror(errno));
 	else if (!S_ISREG(st.st_mode))
 		snprintf(why, whylen, "is not a regular file");
-	else if (st.st_size != 0 && (size_t)st.st_size != size)
+	else if (st.st_size != 0 && (size_t)st.st_size != size && (size_t)st.st_size != GP_V1_SIZE)
 		/* I7: another version or another library (HAMi-core) wrote it. */
 		snprintf(why, whylen, "has another layout (%lld bytes, ours are %zu)", (long long)st.st_size, size);
 	else if (st.st_size != 0 && (pread(fd, &magic, sizeof magic, 0) != (ssize_t)sizeof magic ||
@@ -254,7 +292,14 @@ static struct gp_region *open_shared(const char *path, size_t size, char *why, s
 	else {
 		/* Reserve the blocks before mapping: on a full filesystem a
 		 * sparse file mapped shared raises SIGBUS at the first store. */
+		if (st.st_size != 0)
+			size = (size_t)st.st_size;
 		int e = posix_fallocate(fd, 0, (off_t)size);
+		if (e == ENOSPC && st.st_size == 0 && size != GP_V1_SIZE) {
+			/* An accounting tmpfs sized for the older layout. */
+			size = GP_V1_SIZE;
+			e = ftruncate(fd, 0) == 0 ? posix_fallocate(fd, 0, (off_t)size) : errno;
+		}
 		if (e != 0)
 			snprintf(why, whylen, "cannot reserve %zu bytes: %s", size, strerror(e));
 		else if ((m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED)
@@ -271,6 +316,7 @@ static struct gp_region *open_shared(const char *path, size_t size, char *why, s
 		munmap(m, size);
 		return NULL;
 	}
+	*sizep = size;
 	return r;
 }
 
@@ -279,13 +325,18 @@ int gp_region_open(struct gp_region_handle *h, const char *path)
 	h->r = NULL;
 	h->slot = -1;
 	h->shared = 0;
+	h->sm = 0;
 	size_t size = sizeof(struct gp_region);
 	int rc = 0;
 	if (path && *path) {
 		char why[256] = "";
-		h->r = open_shared(path, size, why, sizeof why);
+		h->r = open_shared(path, &size, why, sizeof why);
 		if (h->r != NULL) {
 			h->shared = 1;
+			h->sm = size == sizeof(struct gp_region);
+			if (!h->sm)
+				gp_log(GP_LOG_INFO, "shared cache %s has the layout without the container's SM state (made "
+				       "by an older library, or no room for more): SM budgets stay per process", path);
 			return 0;
 		}
 		/* Fail closed: a private region would give this process the
@@ -300,12 +351,32 @@ int gp_region_open(struct gp_region_handle *h, const char *path)
 	if (m == MAP_FAILED)
 		return -1;
 	h->r = m;
+	h->sm = 1;
 	atomic_store(&h->r->magic, GP_MAGIC);
 	return rc;
 }
 
-static void zero_slot(struct gp_slot *s)
+/* I10: what slot s's owner ran that NVML never reported is the container's. */
+static void settle_tail(struct gp_region *r, struct gp_slot *s)
 {
+	struct gp_sm_tail *t = &r->tail[s - r->slots];
+	uint64_t alive = atomic_load(&t->alive_ns);
+	for (int d = 0; d < GP_MAX_DEV; d++) {
+		uint64_t from = atomic_exchange(&t->from_ns[d], 0);
+		if (from == 0 || alive <= from)
+			continue;
+		int64_t ns = alive - from > (uint64_t)GP_TAIL_MAX_NS ? GP_TAIL_MAX_NS : (int64_t)(alive - from);
+		atomic_fetch_sub(&r->budget[d].credit_ns, ns);
+		gp_log(GP_LOG_DEBUG, "slot %d ran up to %.0f ms on index %d that NVML did not report: charged to the "
+		       "container's SM budget", (int)(s - r->slots), (double)ns / 1e6, d);
+	}
+	atomic_store(&t->alive_ns, 0);
+}
+
+static void zero_slot(struct gp_region_handle *h, struct gp_slot *s)
+{
+	if (h->sm)
+		settle_tail(h->r, s);
 	atomic_store(&s->id_owner, 0); /* first: the identity below is stale */
 	for (int d = 0; d < GP_MAX_DEV; d++)
 		atomic_store(&s->used[d], 0);
@@ -328,7 +399,7 @@ static int try_reclaim(struct gp_region_handle *h, int i, struct gp_self *me)
 		return 0;
 	if (!atomic_compare_exchange_strong(&s->owner, &o, GP_RECLAIM | me->word))
 		return 0;
-	zero_slot(s);
+	zero_slot(h, s);
 	atomic_store(&s->owner, 0);
 	gp_log(GP_LOG_INFO, "reclaimed slot %d of dead pid %d", i, (int)GP_WORD_PID(o));
 	return 1;
@@ -358,7 +429,7 @@ int gp_region_attach(struct gp_region_handle *h)
 		if (atomic_load(&r->slots[i].owner) != o)
 			continue;
 		if (atomic_compare_exchange_strong(&r->slots[i].owner, &o, GP_RECLAIM | word)) {
-			zero_slot(&r->slots[i]);
+			zero_slot(h, &r->slots[i]);
 			atomic_store(&r->slots[i].owner, 0);
 			gp_log(GP_LOG_INFO, "reclaimed slot %u of this process's previous image", i);
 		}
@@ -375,7 +446,7 @@ int gp_region_attach(struct gp_region_handle *h)
 			while (hw < (uint32_t)i + 1 && !atomic_compare_exchange_weak(&r->hw, &hw, (uint32_t)i + 1))
 				;
 			struct gp_slot *s = &r->slots[i];
-			zero_slot(s);
+			zero_slot(h, s);
 			atomic_store(&s->start_time, self_id.start);
 			atomic_store(&s->proc_pid, self_id.proc_pid);
 			atomic_store(&s->proc_dev, self_id.proc_dev);
@@ -396,7 +467,10 @@ void gp_region_detach(struct gp_region_handle *h)
 	if (h->slot < 0)
 		return;
 	struct gp_slot *s = &h->r->slots[h->slot];
-	zero_slot(s);
+	/* I10: at exit, the time up to now is what may have run unreported. */
+	if (h->sm)
+		atomic_store(&h->r->tail[h->slot].alive_ns, gp_now_ns());
+	zero_slot(h, s);
 	uint64_t o = h->word;
 	atomic_compare_exchange_strong(&s->owner, &o, 0);
 	h->slot = -1;
@@ -495,4 +569,32 @@ int gp_region_hostpids(struct gp_region_handle *h, unsigned *out, int max)
 			out[n++] = (unsigned)hp;
 	}
 	return n;
+}
+
+struct gp_sm_budget *gp_region_budget(struct gp_region_handle *h, int i)
+{
+	return h->r == NULL || !h->sm || i < 0 || i >= GP_MAX_DEV ? NULL : &h->r->budget[i];
+}
+
+void gp_region_sm_alive(struct gp_region_handle *h)
+{
+	if (h->r && h->sm && h->slot >= 0)
+		atomic_store_explicit(&h->r->tail[h->slot].alive_ns, gp_now_ns(), memory_order_relaxed);
+}
+
+void gp_region_sm_from(struct gp_region_handle *h, int i, uint64_t from_ns, int only_if_set)
+{
+	if (h->r == NULL || !h->sm || h->slot < 0 || i < 0 || i >= GP_MAX_DEV)
+		return;
+	_Atomic uint64_t *f = &h->r->tail[h->slot].from_ns[i];
+	uint64_t cur = atomic_load_explicit(f, memory_order_relaxed);
+	if (from_ns == 0) { /* nothing unreported */
+		if (cur != 0)
+			atomic_store(f, 0);
+		return;
+	}
+	/* Only forward: a launch sets it when clear; a sample moves it on. */
+	while ((only_if_set ? cur != 0 : cur == 0) && cur < from_ns &&
+	       !atomic_compare_exchange_weak(f, &cur, from_ns))
+		;
 }

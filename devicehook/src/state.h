@@ -108,6 +108,7 @@ struct gp_region_handle {
 	pid_t pid;       /* pid that owns `slot` (fork changes it) */
 	uint64_t word;   /* the slot's owner word: pid-namespace tag and pid */
 	int shared;      /* backed by CUDA_DEVICE_MEMORY_SHARED_CACHE */
+	int sm;          /* the file has the container's SM state (region.c I10) */
 };
 
 int gp_region_open(struct gp_region_handle *h, const char *path);
@@ -123,6 +124,30 @@ int gp_region_pids(struct gp_region_handle *h, pid_t *out, int max);
  * resolved theirs; set our own once known. */
 void gp_region_set_hostpid(struct gp_region_handle *h, unsigned hostpid);
 int gp_region_hostpids(struct gp_region_handle *h, unsigned *out, int max);
+
+/* The container's SM budget of one limits index (review 15: it was per
+ * process, and a fresh process per long kernel never paid). In the shared
+ * region (region.c I10), so every process of the container spends and
+ * pays into the same one; lock-free (CAS and fetch-add only), so a
+ * process SIGKILLed anywhere leaves it consistent, and its debt stays with
+ * the container. Tenant-writable like the rest of the region (known gap
+ * M1): accrual clamps it to its cap at every tick. Part of the file
+ * format: 64 bytes. */
+struct gp_sm_budget {
+	_Atomic int64_t credit_ns;    /* device time the container may still use; < 0: no launch passes */
+	_Atomic uint64_t accrued_ns;  /* CLOCK_MONOTONIC of the last accrual (0: never) */
+	_Atomic uint64_t charged_ts;  /* newest NVML sample stamp charged (wall clock, us) */
+	_Atomic uint64_t cadence_us;  /* NVML's sample cadence, as a process of the container last saw it */
+	uint64_t pad[4];
+};
+/* Limits index i's budget (NULL when i is out of range). */
+struct gp_sm_budget *gp_region_budget(struct gp_region_handle *h, int i);
+/* What this process ran that NVML has not reported (region.c I10): its
+ * control thread's tick, and since when it may have work on index i that
+ * no sample covered (0: none). only_if_set: move it forward only when set
+ * (a sample covered up to from_ns); else set it only when clear (a launch). */
+void gp_region_sm_alive(struct gp_region_handle *h);
+void gp_region_sm_from(struct gp_region_handle *h, int i, uint64_t from_ns, int only_if_set);
 
 /* ---- account.c --------------------------------------------------------- */
 
@@ -260,18 +285,25 @@ struct gp_limiter {
 	 * unknown, device shared), the same duty cycle paces launches. */
 	_Atomic int unknown;  /* the last sample could not be attributed */
 	int said_uncal, said_unknown;
-	/* Issue 15 H1/H2: the budget, in microseconds of device time. It
-	 * grows by target % of the wall time (control thread, at each tick,
-	 * up to credit_max) and shrinks by what NVML says the container's
-	 * processes ran; no launch passes while it is negative. */
-	double credit;
-	uint64_t credit_ns;   /* control thread: last accrual (monotonic) */
+	/* Issue 15 H1/H2: the budget, in device time. It grows by target % of
+	 * the wall time (each tick, up to a cap) and shrinks by what NVML says
+	 * the container's processes ran; no launch passes while it is
+	 * negative. The container's (review 15), in the shared region for the
+	 * device's limits index; `local` only for a device with no index. */
+	struct gp_sm_budget *_Atomic budget;
+	struct gp_sm_budget local;
+	_Atomic uint64_t last_launch_ns; /* the last launch admitted (monotonic) */
 	double u_prev;        /* control thread: our utilisation in the last sample */
 	unsigned long long poll_rt; /* control thread: wall clock of the last NVML poll, us */
 };
 
 void gp_limiter_setup(void);
 void gp_limiter_admit(int dev, uint64_t cost);
+/* The contexts this process holds per device, for the duty cycle's
+ * synchronisation (review 15: it waited for the current context only). */
+#define GP_MAX_CTX 64
+void gp_ctx_register(int dev, CUcontext c);
+void gp_ctx_forget(CUcontext c);
 /* Host pid resolution around context creation (HAMi-core's method): the
  * NVML process list before and after; one new pid = ours. */
 struct gp_pidsnap {
@@ -329,7 +361,7 @@ typedef nvmlReturn_t (*gp_fn_nvml_index)(nvmlDevice_t, unsigned int *);
 typedef nvmlReturn_t (*gp_fn_nvml_procutil)(nvmlDevice_t, nvmlProcessUtilizationSample_t *,
 					   unsigned int *, unsigned long long);
 typedef nvmlReturn_t (*gp_fn_nvml_util)(nvmlDevice_t, nvmlUtilization_t *);
-typedef nvmlReturn_t (*gp_fn_nvml_byindex)(unsigned int, nvmlDevice_t *);
+typedef nvmlReturn_t (*gp_fn_nvml_byuuid)(const char *, nvmlDevice_t *);
 typedef nvmlReturn_t (*gp_fn_nvml_init)(void);
 typedef nvmlReturn_t (*gp_fn_nvml_procs)(nvmlDevice_t, unsigned int *, nvmlProcessInfo_t *);
 typedef nvmlReturn_t (*gp_fn_nvml_migmode)(nvmlDevice_t, unsigned int *, unsigned int *);
@@ -353,7 +385,11 @@ struct gp_state {
 	gp_fn_nvml_index nvml_index;
 	gp_fn_nvml_procutil nvml_procutil;
 	gp_fn_nvml_util nvml_util;
-	gp_fn_nvml_byindex nvml_byindex;
+	gp_fn_nvml_byuuid nvml_byuuid;   /* nvmlDeviceGetHandleByUUID: the limiter's NVML device of a CUdevice */
+	/* The limiter's NVML handle per CUdevice: 0 not looked up yet, 1 none
+	 * (fail closed), else handle + 2 (handles are pointers). */
+	_Atomic uintptr_t nvml_dev[GP_MAX_DEV];
+	_Atomic int nvml_dev_mig[GP_MAX_DEV]; /* found by a MIG- UUID: a MIG instance */
 	gp_fn_nvml_init nvml_init;
 	gp_fn_nvml_procs nvml_procs;     /* nvmlDeviceGetComputeRunningProcesses_v3 */
 	gp_fn_nvml_migmode nvml_migmode; /* nvmlDeviceGetMigMode */
@@ -386,6 +422,8 @@ struct gp_state {
 	_Atomic int primary_refs[GP_MAX_DEV];
 	uint64_t primary_charge[GP_MAX_DEV]; /* what the primary context is charged */
 	_Atomic int ctx_live[GP_MAX_DEV];    /* contexts this process holds on dev */
+	_Atomic uint64_t ctxs[GP_MAX_DEV][GP_MAX_CTX]; /* which (0: free entry); gp_ctx_register */
+	_Atomic int ctxs_full;                /* one was not recorded (logged once) */
 	_Atomic int ctx_ever[GP_MAX_DEV];    /* it has created one on dev */
 	_Atomic int sm_active; /* any device throttled: launches take the slow path */
 	struct gp_limiter lim[GP_MAX_DEV];

@@ -14,6 +14,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -733,7 +734,10 @@ static int cmd_query(uint64_t alloc)
 	A.p_cuDeviceTotalMem(&dtot1, 0);
 	A.p_nvmlInit_v2();
 	nvmlDevice_t d;
-	A.p_nvmlDeviceGetHandleByIndex_v2(0, &d);
+	/* HOOKTEST_NVML_DEVICE=n: NVML's device n (NVML numbers GPUs in PCI
+	 * order, whatever CUDA_VISIBLE_DEVICES says). */
+	const char *nd = getenv("HOOKTEST_NVML_DEVICE");
+	A.p_nvmlDeviceGetHandleByIndex_v2(nd ? (unsigned)atoi(nd) : 0, &d);
 	nvmlMemory_t m1;
 	nvmlMemory_v2_t m2;
 	memset(&m2, 0, sizeof m2);
@@ -819,6 +823,19 @@ static int cmd_onekernel(const char *name)
 	int rc = A.p_cuLaunchKernel(f, 100, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL);
 	if (rc)
 		die("launch", rc);
+	/* HOOKTEST_SIGKILL_AFTER_MS=t: print the device time booked, hold the
+	 * device t ms, then SIGKILL itself (no destructor runs: the hook's
+	 * own settling at exit is skipped). */
+	const char *k = getenv("HOOKTEST_SIGKILL_AFTER_MS");
+	if (k != NULL) {
+		printf("busy_ns=%llu\n", (unsigned long long)my_busy());
+		fflush(stdout);
+		struct timespec ts = {0, 0};
+		ts.tv_sec = (time_t)(strtoull(k, NULL, 10) / 1000);
+		ts.tv_nsec = (long)(strtoull(k, NULL, 10) % 1000 * 1000000);
+		nanosleep(&ts, NULL);
+		kill(getpid(), SIGKILL);
+	}
 	A.p_cuCtxSynchronize();
 	printf("busy_ns=%llu\n", (unsigned long long)my_busy());
 	return 0;

@@ -14,6 +14,8 @@ import (
 //
 //	header, 64 bytes: magic u64 ("gppkh001"), hw u32 (slots [0,hw) may be used)
 //	slots[1024], 192 bytes each: owner u64, start_time u64, used[16] u64, pad
+//	then the container's SM state (region.c I10), not read here:
+//	budget[16], 64 bytes each; tail[1024], 192 bytes each
 //
 // A container's usage of device d is the sum of used[d] over slots [0,hw)
 // (region.c, invariant I3). Only reading is done here; a layout with another
@@ -25,6 +27,10 @@ const (
 	regionMaxSlots = 1024
 	regionMaxDev   = 16
 	slotUsedOffset = 16
+	// After the slots (region.c I10): the SM budget per device, and per
+	// slot what its owner may have run that NVML has not reported.
+	regionBudgetSize = 64
+	regionTailSize   = 192
 )
 
 // HookUsage reports what the hook accounted per device ordinal, in bytes.
@@ -37,9 +43,11 @@ type HookUsage interface {
 // RegionFile reads the accounting files written by devicehook.
 type RegionFile struct{}
 
-// RegionSize is the size of the region file the hook creates (header plus
-// every slot); nothing bigger is ever read.
-const RegionSize = regionHeader + regionMaxSlots*regionSlotSize
+// RegionSize is the size of the region file the hook creates (header, every
+// slot, the SM budgets and the slots' SM tails); nothing bigger is ever
+// read. The device plugin sizes the accounting tmpfs from it: a region the
+// tmpfs cannot hold fails closed in the hook (posix_fallocate: ENOSPC).
+const RegionSize = regionHeader + regionMaxSlots*regionSlotSize + regionMaxDev*regionBudgetSize + regionMaxSlots*regionTailSize
 
 // ErrHostileFile marks an accounting file the hook cannot have written: not
 // a regular file (FIFO, device, socket, symlink), or larger than a region.
@@ -153,7 +161,7 @@ func ParseRegion(b []byte) ([]uint64, error) {
 // to stand in for a running hook). usedBySlot[s][d] is slot s's bytes on d;
 // slot s is owned by pid 1000+s.
 func EncodeRegion(usedBySlot [][]uint64) []byte {
-	b := make([]byte, regionHeader+regionMaxSlots*regionSlotSize)
+	b := make([]byte, RegionSize)
 	le := binary.LittleEndian
 	le.PutUint64(b[0:8], regionMagic)
 	le.PutUint32(b[8:12], uint32(len(usedBySlot)))

@@ -18,7 +18,7 @@ import (
 
 // regionBytes is the hook's region size (bypass.RegionSize; the agent
 // passes that constant, this package cannot import bypass).
-const regionBytes = 64 + 1024*192
+const regionBytes = 64 + 1024*192 + 16*64 + 1024*192
 
 // inMountNamespace runs f on a thread of its own in a private mount
 // namespace (nothing it mounts reaches the host); the thread ends with f.
