@@ -81,15 +81,17 @@ func TestJobKindsUnmanagedAtCreation(t *testing.T) {
 // TestStatefulSetStoredUnseenKeepsItsTemplate shows, against the real
 // apiserver under the shipped RBAC, why StatefulSet (LWS) pods are not on
 // the pod webhook's fast path (docs/webhooks.md, "Why LWS pods still meet
-// the pod webhook"): the shipped configurations have no StatefulSet entry
-// (the manager adds it after it starts), so a StatefulSet a tenant stores
-// before then keeps whatever template she wrote — the current injection
-// marker (no secret: a hash of the configuration and the release), the
-// placement gate, Kueue's pod-suspending-parent annotation and
-// NVIDIA_VISIBLE_DEVICES=all — and once the entry is there she scales it
-// through statefulsets/scale, which no StatefulSet webhook sees. Its pods
-// would meet every clause of the fast path that design proposed. (An
-// update of the StatefulSet itself does reach the webhook.)
+// the pod webhook"): while no StatefulSet entry is installed (the shipped
+// configurations without the LWS or StatefulSet integration; the manager
+// adds it after it starts), a StatefulSet a tenant stores keeps whatever
+// template she wrote — an injection marker, the placement gate, Kueue's
+// pod-suspending-parent annotation and NVIDIA_VISIBLE_DEVICES=all — and
+// once the entry is there she scales it through statefulsets/scale, which
+// no StatefulSet webhook sees. The marker here is the unsalted one of
+// before; the salt stops a precomputed marker, not one she copies from
+// her own Job's template before such a period and that is current again
+// after it, so the StatefulSet fast path stays off. (An update of the
+// StatefulSet itself does reach the webhook.)
 func TestStatefulSetStoredUnseenKeepsItsTemplate(t *testing.T) {
 	c := startClusterWith(t, nil) // as the manifests ship: Pod, Job, PyTorchJob
 	env, ctx, ns := c.env, c.env.Ctx, c.open
