@@ -46,8 +46,9 @@ type ServeOptions struct {
 	// (SetupFastPath); a stale value only sends pods the slow way.
 	TemplateFingerprint string
 	// JobKinds get webhook entries besides Pod, Job and PyTorchJob (of
-	// AllJobKinds). The static manifests have none; the manager adds those
-	// of the kinds the cluster serves to the installed configurations
+	// AllJobKinds). The static manifests have only StatefulSet's, and only
+	// where the LWS or StatefulSet integration is enabled; the manager adds
+	// those of the kinds the cluster serves to the installed configurations
 	// (SetupJobKinds, --job-kinds).
 	JobKinds []string
 }

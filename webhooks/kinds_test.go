@@ -444,3 +444,51 @@ func TestJobKindWebhookConfigurationsGolden(t *testing.T) {
 		}
 	}
 }
+
+// The StatefulSet entries ship in the static manifests wherever the LWS or
+// StatefulSet integration is enabled (the kustomize component
+// job-kinds/statefulset-webhook, which both of those components include;
+// Helm: jobKinds.integrations), so no StatefulSet is stored unseen before
+// the manager starts or after a re-apply: the StatefulSet fast path
+// (docs/webhooks.md#fast-path) rests on every template being admitted. The
+// component is a strategic merge patch (webhooks merge by name), so
+// including it twice adds each entry once.
+func TestStatefulSetWebhookComponentGolden(t *testing.T) {
+	o := DefaultServeOptions()
+	o.JobKinds = []string{KindStatefulSet}
+	mwc, vwc := WebhookConfigurations(o)
+	mwc.Webhooks = mwc.Webhooks[len(targets):]
+	vwc.Webhooks = vwc.Webhooks[len(targets):]
+	mwc.Labels, vwc.Labels = nil, nil
+	var b strings.Builder
+	b.WriteString("# gpupack's StatefulSet webhook entries, as webhooks.WebhookConfigurations\n" +
+		"# builds them with JobKinds [StatefulSet] (go test ./webhooks -run\n" +
+		"# StatefulSetWebhookComponent -update writes this file). A strategic merge\n" +
+		"# patch: webhooks merge by name, so the leaderworkerset and statefulset\n" +
+		"# components may both include it.\n")
+	for _, obj := range []any{mwc, vwc} {
+		y, err := yaml.Marshal(obj)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.WriteString("---\n")
+		b.Write(y)
+	}
+	golden := filepath.Join("..", "manifests", "components", "job-kinds", "statefulset-webhook", "webhooks.yaml")
+	if *update {
+		if err := os.WriteFile(golden, []byte(b.String()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := cmp.Diff(string(want), b.String()); d != "" {
+		t.Errorf("%s is stale; run go test ./webhooks -run StatefulSetWebhookComponent -update (-want +got):\n%s", golden, d)
+	}
+	if len(mwc.Webhooks) != 1 || mwc.Webhooks[0].Name != "mstatefulset.gpupack.io" || *mwc.Webhooks[0].FailurePolicy != "Fail" ||
+		len(mwc.Webhooks[0].Rules[0].Operations) != 2 {
+		t.Errorf("StatefulSet mutating entry: %+v", mwc.Webhooks)
+	}
+}

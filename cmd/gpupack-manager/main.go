@@ -4,6 +4,7 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -141,6 +143,22 @@ func main() {
 			ckptPolicy.Margin = cfg.Checkpoint.Margin.Duration
 		}
 		cfg.Checkpoint.Policy = ckptPolicy
+		// The fast-path marker hashes the enabled kinds and the
+		// installation's salt too (docs/webhooks.md#fast-path); every
+		// replica reads the same Secret, so they write the same marker.
+		if cfg.JobKinds, err = webhooks.ResolveJobKinds(mgr.GetRESTMapper(), *jobKinds); err != nil {
+			log.Error(err, "--job-kinds")
+			os.Exit(1)
+		}
+		direct, err := client.New(mgr.GetConfig(), client.Options{Scheme: scheme})
+		if err != nil {
+			log.Error(err, "creating a client")
+			os.Exit(1)
+		}
+		if cfg.FastPathSalt, err = webhooks.EnsureFastPathSalt(context.Background(), direct, *namespace); err != nil {
+			log.Error(err, "reading the fast-path salt", "secret", *namespace+"/"+webhooks.FastPathSecretName)
+			os.Exit(1)
+		}
 		serve, err := webhooks.DefaultServeOptions().WithFastPath(cfg)
 		if err != nil {
 			log.Error(err, "webhook configuration")
@@ -157,10 +175,7 @@ func main() {
 			log.Error(err, "setting up the pod webhook's fast path")
 			os.Exit(1)
 		}
-		if serve.JobKinds, err = webhooks.ResolveJobKinds(mgr.GetRESTMapper(), *jobKinds); err != nil {
-			log.Error(err, "--job-kinds")
-			os.Exit(1)
-		}
+		serve.JobKinds = cfg.JobKinds
 		log.Info("job kinds with webhook entries", "kinds", serve.JobKinds)
 		if err := webhooks.SetupJobKinds(mgr, serve); err != nil {
 			log.Error(err, "setting up the job kinds' webhook entries")

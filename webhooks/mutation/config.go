@@ -94,6 +94,20 @@ type Config struct {
 	// Kueue mirrors the settings of Kueue's own Configuration that decide
 	// what Kueue manages. Keep them equal to Kueue's.
 	Kueue KueueConfig `json:"kueue,omitempty"`
+
+	// FastPathSalt is this installation's secret, mixed into Fingerprint
+	// so that nobody can compute the marker before gpupack is installed
+	// (and store a template carrying it where gpupack does not look). The
+	// manager reads it from its gpupack-fastpath Secret
+	// (webhooks.EnsureFastPathSalt); never from the configuration file.
+	// Empty (gpupack mutate, tests): an unsalted marker, which only a
+	// manager with the same empty salt accepts.
+	FastPathSalt []byte `json:"-"`
+	// JobKinds are the job kinds with webhook entries besides Pod, Job and
+	// PyTorchJob (webhooks.ServeOptions.JobKinds). They are part of
+	// Fingerprint: enabling a kind sends the pods of every template marked
+	// before (when that kind's objects were not seen) the slow way.
+	JobKinds []string `json:"-"`
 }
 
 // Policies for GPU objects Kueue will not manage.

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -619,9 +620,11 @@ func (m *Mutator) SyncPyTorchJob(j *kftraining.PyTorchJob) {
 }
 
 // Fingerprint identifies this configuration's injection: the value of
-// gpupack.io/injected it writes. It hashes the configuration and the
-// mutation of a probe pod, so a changed configuration or a release that
-// injects differently sends pods of older templates through the webhook.
+// gpupack.io/injected it writes. It hashes the configuration, the enabled
+// job kinds, the installation's salt and the mutation of a probe pod, so a
+// changed configuration, a newly enabled kind or a release that injects
+// differently sends pods of older templates through the webhook, and no
+// one without the salt can compute it in advance.
 func (m *Mutator) Fingerprint() string { return m.fingerprint }
 
 // injectionVersion changes whenever the rules a pod must meet change
@@ -638,6 +641,10 @@ func (m *Mutator) computeFingerprint() string {
 	fmt.Fprintln(h, injectionVersion)
 	cfg, _ := json.Marshal(m.cfg)
 	h.Write(cfg)
+	// Neither is in the JSON: the salt is a secret, the kinds come from
+	// the manager's flags.
+	kinds := slices.Sorted(slices.Values(m.cfg.JobKinds))
+	fmt.Fprintf(h, "\nkinds %q\nsalt %d %x\n", kinds, len(m.cfg.FastPathSalt), m.cfg.FastPathSalt)
 	gpus := resource.MustParse("1")
 	probe := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{v1alpha1.AnnotationGPUMemory: "1Gi", v1alpha1.AnnotationGPUCores: "50"}},

@@ -156,3 +156,42 @@ func TestSyncTemplate(t *testing.T) {
 		t.Error("the fingerprint is not stable")
 	}
 }
+
+// TestFingerprintInputs: the salt and the enabled job kinds are part of the
+// marker (not of the configuration's JSON), the kinds' order is not, and
+// the same inputs always give the same marker (a manager restart keeps
+// accepting its templates).
+func TestFingerprintInputs(t *testing.T) {
+	salt := []byte("0123456789abcdef0123456789abcdef")
+	base := Config{FastPathSalt: salt, JobKinds: []string{"JobSet"}}
+	with := func(f func(*Config)) Config {
+		c := base
+		f(&c)
+		return c
+	}
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		same bool
+	}{
+		{"the same inputs", with(func(*Config) {}), true},
+		{"the same salt in a fresh slice", with(func(c *Config) { c.FastPathSalt = append([]byte(nil), salt...) }), true},
+		{"kinds in another order", with(func(c *Config) { c.JobKinds = []string{"JobSet"} }), true},
+		{"no salt (what anyone computes from the release and config)", with(func(c *Config) { c.FastPathSalt = nil }), false},
+		{"another salt", with(func(c *Config) { c.FastPathSalt = []byte("1123456789abcdef0123456789abcdef") }), false},
+		{"LeaderWorkerSet enabled later", with(func(c *Config) { c.JobKinds = []string{"JobSet", "LeaderWorkerSet"} }), false},
+		{"StatefulSet enabled later", with(func(c *Config) { c.JobKinds = []string{"StatefulSet", "JobSet"} }), false},
+		{"no kinds", with(func(c *Config) { c.JobKinds = nil }), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b := mustNew(t, base).Fingerprint(), mustNew(t, tc.cfg).Fingerprint()
+			if (a == b) != tc.same {
+				t.Errorf("fingerprints %s and %s: same = %v, want %v", a, b, a == b, tc.same)
+			}
+		})
+	}
+	two := mustNew(t, Config{FastPathSalt: salt, JobKinds: []string{"StatefulSet", "JobSet"}}).Fingerprint()
+	if two != mustNew(t, Config{FastPathSalt: salt, JobKinds: []string{"JobSet", "StatefulSet"}}).Fingerprint() {
+		t.Error("the kinds' order changes the marker")
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -78,6 +79,15 @@ func comparable(t *testing.T, objs []*unstructured.Unstructured) map[string]map[
 		}
 		if len(vols) > 0 {
 			_ = unstructured.SetNestedSlice(c.Object, vols, "spec", "template", "spec", "volumes")
+		}
+		if strings.HasSuffix(c.GetKind(), "WebhookConfiguration") {
+			// Entries of different resources do not depend on each other's
+			// order (kustomize's merge puts patched-in entries first).
+			ws, _, _ := unstructured.NestedSlice(c.Object, "webhooks")
+			slices.SortFunc(ws, func(a, b any) int {
+				return strings.Compare(fmt.Sprint(a.(map[string]any)["name"]), fmt.Sprint(b.(map[string]any)["name"]))
+			})
+			_ = unstructured.SetNestedSlice(c.Object, ws, "webhooks")
 		}
 		out[key(c)] = c.Object
 	}
@@ -292,6 +302,7 @@ func TestEvictionWebhookMatchesPreemption(t *testing.T) {
 // (the manager's cert rotator injects its CA into them by name), in every
 // rendering and with the Helm knobs applied.
 func TestWebhookConfigurationsMatchGo(t *testing.T) {
+	statefulSets := func(o *webhooks.ServeOptions) { o.JobKinds = []string{webhooks.KindStatefulSet} }
 	certManager := func(o *webhooks.ServeOptions) { o.CertManagerCertificate = Namespace + "/gpupack-webhook-cert" }
 	cases := []struct {
 		name   string
@@ -312,6 +323,19 @@ func TestWebhookConfigurationsMatchGo(t *testing.T) {
 			return Helm(t, "--set", "webhook.validatePodCreate=true")
 		},
 			func(o *webhooks.ServeOptions) { o.ValidatePodCreate = true }, admissionregistrationv1.Fail},
+		// The StatefulSet entries ship wherever LWS or StatefulSets are
+		// enabled (the StatefulSet pods' fast path needs every template
+		// admitted), and fail closed whatever webhook.failurePolicy says.
+		{"kustomize job-kinds", func(t *testing.T) []*unstructured.Unstructured { return Kustomize(t, "manifests/overlays/job-kinds") }, statefulSets, admissionregistrationv1.Fail},
+		{"helm leaderworkerset", func(t *testing.T) []*unstructured.Unstructured {
+			return Helm(t, "--set-json", `jobKinds.integrations=["leaderworkerset.x-k8s.io/leaderworkerset"]`)
+		}, statefulSets, admissionregistrationv1.Fail},
+		{"helm statefulset, failurePolicy Ignore", func(t *testing.T) []*unstructured.Unstructured {
+			return Helm(t, "--set", "webhook.failurePolicy=Ignore", "--set-json", `jobKinds.integrations=["statefulset"]`)
+		}, statefulSets, admissionregistrationv1.Ignore},
+		{"helm jobset only: no StatefulSet entries", func(t *testing.T) []*unstructured.Unstructured {
+			return Helm(t, "--set-json", `jobKinds.integrations=["jobset.x-k8s.io/jobset"]`)
+		}, nil, admissionregistrationv1.Fail},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -320,17 +344,31 @@ func TestWebhookConfigurationsMatchGo(t *testing.T) {
 				tc.opts(&o)
 			}
 			wantM, wantV := webhooks.WebhookConfigurations(o)
+			fail := admissionregistrationv1.Fail
+			policyOf := func(name string) *admissionregistrationv1.FailurePolicyType {
+				if strings.Contains(name, "statefulset") {
+					return &fail
+				}
+				return &tc.policy
+			}
 			for i := range wantM.Webhooks {
-				wantM.Webhooks[i].FailurePolicy = &tc.policy
+				wantM.Webhooks[i].FailurePolicy = policyOf(wantM.Webhooks[i].Name)
 			}
 			for i := range wantV.Webhooks {
-				wantV.Webhooks[i].FailurePolicy = &tc.policy
+				wantV.Webhooks[i].FailurePolicy = policyOf(wantV.Webhooks[i].Name)
 			}
 			objs := tc.objs(t)
 			var gotM admissionregistrationv1.MutatingWebhookConfiguration
 			var gotV admissionregistrationv1.ValidatingWebhookConfiguration
 			into(t, find(t, objs, "MutatingWebhookConfiguration", wantM.Name), &gotM)
 			into(t, find(t, objs, "ValidatingWebhookConfiguration", wantV.Name), &gotV)
+			// Entries of different resources do not depend on each other's
+			// order (the component's patch puts StatefulSet's first).
+			byName := func(a, b string) int { return strings.Compare(a, b) }
+			slices.SortFunc(wantM.Webhooks, func(a, b admissionregistrationv1.MutatingWebhook) int { return byName(a.Name, b.Name) })
+			slices.SortFunc(gotM.Webhooks, func(a, b admissionregistrationv1.MutatingWebhook) int { return byName(a.Name, b.Name) })
+			slices.SortFunc(wantV.Webhooks, func(a, b admissionregistrationv1.ValidatingWebhook) int { return byName(a.Name, b.Name) })
+			slices.SortFunc(gotV.Webhooks, func(a, b admissionregistrationv1.ValidatingWebhook) int { return byName(a.Name, b.Name) })
 			if diff := cmp.Diff(wantM.Webhooks, gotM.Webhooks); diff != "" {
 				t.Errorf("mutating webhooks differ from webhooks.WebhookConfigurations (-want +got):\n%s", diff)
 			}

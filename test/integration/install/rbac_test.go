@@ -8,6 +8,8 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/gpupack/gpupack/webhooks"
 )
 
 var writeVerbs = []string{"create", "update", "patch", "delete", "deletecollection", "*"}
@@ -157,6 +159,32 @@ func TestLeastPrivilegeRBAC(t *testing.T) {
 			}
 			if e := expressions(policy(t, objs, "gpupack-placement")); !strings.Contains(e, "'"+sa("gpupack-manager")+"'") || !strings.Contains(e, "gpupack.io/devices") {
 				t.Errorf("gpupack-placement is not keyed on the manager and gpupack.io/devices")
+			}
+
+			// The manager makes its fast-path salt at its first start and
+			// reads it back (webhooks.EnsureFastPathSalt); the read is
+			// granted by name, and no ClusterRole reaches secrets.
+			var own rbacv1.ClusterRole // a Role's rules, decoded alike
+			into(t, find(t, objs, "Role", "gpupack-manager"), &own)
+			if !slices.Contains(grants(own, "", "secrets"), "create") {
+				t.Errorf("Role gpupack-manager cannot create the %s Secret", webhooks.FastPathSecretName)
+			}
+			named := false
+			for _, rule := range own.Rules {
+				named = named || (slices.Contains(rule.Resources, "secrets") && slices.Equal(rule.ResourceNames, []string{webhooks.FastPathSecretName}) && slices.Contains(rule.Verbs, "get"))
+			}
+			if !named {
+				t.Errorf("Role gpupack-manager has no get on secrets named %s", webhooks.FastPathSecretName)
+			}
+			for _, o := range objs {
+				if o.GetKind() != "ClusterRole" {
+					continue
+				}
+				var cr rbacv1.ClusterRole
+				into(t, o, &cr)
+				if v := grants(cr, "", "secrets"); len(v) > 0 {
+					t.Errorf("ClusterRole %s grants %v on secrets in every namespace", o.GetName(), v)
+				}
 			}
 
 			var ev admissionregistrationv1.ValidatingWebhookConfiguration

@@ -3,7 +3,9 @@ package webhooks
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"sort"
@@ -17,6 +19,7 @@ import (
 	"gomodules.xyz/jsonpatch/v2"
 	admissionv1 "k8s.io/api/admission/v1"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -63,26 +66,70 @@ func TestPodCreateThroughput(t *testing.T) {
 			return r
 		})}
 		mgr.GetWebhookServer().Register("/label", label)
-		return webhooks.Setup(mgr, webhooks.Config{})
+		// A controller-runtime defaulter, as LWS's and Kueue's pod webhooks
+		// are: decode the pod, set one label, answer the JSON patch from
+		// the raw object.
+		defaulter := &webhook.Admission{Handler: admission.HandlerFunc(func(_ context.Context, req admission.Request) admission.Response {
+			p := &corev1.Pod{}
+			if err := json.Unmarshal(req.Object.Raw, p); err != nil {
+				return admission.Errored(http.StatusBadRequest, err)
+			}
+			if p.Labels == nil {
+				p.Labels = map[string]string{}
+			}
+			p.Labels["defaulted"] = "true"
+			raw, err := json.Marshal(p)
+			if err != nil {
+				return admission.Errored(http.StatusInternalServerError, err)
+			}
+			return admission.PatchResponseFromRaw(req.Object.Raw, raw)
+		})}
+		mgr.GetWebhookServer().Register("/default-label", defaulter)
+		return webhooks.Setup(mgr, benchConfig)
 	}, opts)
 
-	// Bare pods (a user creates them) and job pods (the Job controller
+	// Bare pods (a user creates them); job pods (the Job controller
 	// creates them from a template gpupack injected when the job was
-	// applied): each kind against its own no-webhook baseline.
+	// applied); JobSet pods (Job pods of a Job the JobSet controller made
+	// from a replicated Job template gpupack's JobSet webhook injected, the
+	// Job through gpupack's Job webhook); LWS pods (the StatefulSet
+	// controller's, for an LWS group's StatefulSet): each kind against its
+	// own no-webhook baseline.
 	type variant struct {
 		name, ns string
-		job, cpu bool
+		// kind of pod created: "" (a tenant's bare GPU pod), "job",
+		// "jobset", "lws", "cpu"; base is the variant it is compared to.
+		kind string
+		base int
 	}
 	variants := []variant{{name: "no webhook"}, {name: "gpupack (default)"}, {name: "gpupack, ValidatePodCreate"}, {name: "allow-all mutating"}, {name: "mutating, one-label patch"}, {name: "allow-all mutating + validating"},
 		{name: "in-process MutatingAdmissionPolicy, one-label patch"},
-		{name: "job pods: no webhook", job: true}, {name: "job pods: gpupack (default, fast path)", job: true}, {name: "job pods: gpupack, fast path off", job: true},
-		{name: "CPU pods: no webhook", cpu: true}, {name: "CPU pods: gpupack installed", cpu: true}}
+		{name: "job pods: no webhook", kind: "job"}, {name: "job pods: gpupack (default, fast path)", kind: "job"}, {name: "job pods: gpupack, fast path off", kind: "job"},
+		{name: "CPU pods: no webhook", kind: "cpu"}, {name: "CPU pods: gpupack installed", kind: "cpu"},
+		{name: "JobSet pods: no webhook", kind: "jobset"}, {name: "JobSet pods: gpupack (default, fast path)", kind: "jobset"},
+		{name: "LWS pods: no webhook", kind: "lws"}, {name: "LWS pods: gpupack (default)", kind: "lws"},
+		{name: "LWS pods: a one-label defaulter webhook on every pod (stand-in for LWS's and Kueue's pod webhooks)", kind: "lws"},
+		{name: "LWS pods: that stand-in + gpupack (default)", kind: "lws"}}
 	const jobBase, jobFast, jobSlow, cpuBase, cpuGpupack = 7, 8, 9, 10, 11
+	const jobSetBase, jobSetFast, lwsBase, lwsGpupack, lwsStandIn, lwsStandInGpupack = 12, 13, 14, 15, 16, 17
 	for i := range variants {
 		variants[i].ns = env.Namespace(t, fmt.Sprintf("v%d", i))
+		switch variants[i].kind {
+		case "job":
+			variants[i].base = jobBase
+		case "cpu":
+			variants[i].base = cpuBase
+		case "jobset":
+			variants[i].base = jobSetBase
+		case "lws":
+			variants[i].base = lwsBase
+		}
 	}
+	// The stand-in with gpupack is compared to the stand-in alone: what
+	// gpupack adds where LWS's and Kueue's pod webhooks already run.
+	variants[lwsStandInGpupack].base = lwsStandIn
 	// Each variant's pod webhooks, scoped to its namespace by name.
-	fast, err := webhooks.DefaultServeOptions().WithFastPath(webhooks.Config{})
+	fast, err := webhooks.DefaultServeOptions().WithFastPath(benchConfig)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,11 +161,27 @@ func TestPodCreateThroughput(t *testing.T) {
 	objs = append(objs, scoped("job-", variants[jobFast].ns, "", fast, true)...)
 	objs = append(objs, scoped("slow-", variants[jobSlow].ns, "", webhooks.DefaultServeOptions(), true)...)
 	objs = append(objs, scoped("cpu-", variants[cpuGpupack].ns, "", fast, true)...)
+	objs = append(objs, scoped("jobset-", variants[jobSetFast].ns, "", fast, true)...)
+	objs = append(objs, scoped("lws-", variants[lwsGpupack].ns, "", fast, true)...)
+	objs = append(objs, scoped("lwsg-", variants[lwsStandInGpupack].ns, "", fast, true)...)
+	// LWS's pod webhook (objectSelector: the LWS name label) and Kueue's
+	// (pod integration: every pod of a managed namespace) have no match
+	// conditions and patch every LWS pod; named after gpupack's
+	// configuration, as kueue-… and lws-… sort after gpupack-…, so
+	// gpupack's pod webhook (IfNeeded) is reinvoked after their patch, as in
+	// a cluster.
+	for _, i := range []int{lwsStandIn, lwsStandInGpupack} {
+		standIn := scoped(fmt.Sprintf("zz-standin-%d-", i), variants[i].ns, "/default-label", fast, false)[0].(*admissionregistrationv1.MutatingWebhookConfiguration)
+		standIn.Webhooks[0].MatchConditions = nil
+		standIn.Webhooks[0].ReinvocationPolicy = nil
+		objs = append(objs, standIn)
+	}
 	env.InstallWebhooks(t, opts, objs...)
 	// gpupack's shipped ValidatingAdmissionPolicies (manifests/base/policy),
 	// bound to the gpupack variants' namespaces only, so the baselines stay
 	// without them.
-	installPolicies(t, env, []string{variants[1].ns, variants[2].ns, variants[jobFast].ns, variants[jobSlow].ns, variants[cpuGpupack].ns})
+	installPolicies(t, env, []string{variants[1].ns, variants[2].ns, variants[jobFast].ns, variants[jobSlow].ns, variants[cpuGpupack].ns,
+		variants[jobSetFast].ns, variants[lwsGpupack].ns, variants[lwsStandInGpupack].ns})
 	// The same one-label mutation without any webhook: a CEL policy the
 	// apiserver applies in-process (no round trip, no JSON review), which
 	// bounds what any pod mutation at creation costs here.
@@ -148,7 +211,7 @@ func TestPodCreateThroughput(t *testing.T) {
 	// The job: applied through gpupack's job mutation (what its job webhook
 	// does), so the template is injected and marked. Its pods come from
 	// the Job controller's user.
-	m, err := mutation.New(webhooks.Config{})
+	m, err := mutation.New(benchConfig)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,6 +239,50 @@ func TestPodCreateThroughput(t *testing.T) {
 		return podMutations(t) == before, "mutated"
 	})
 
+	// The JobSet: through gpupack's JobSet mutation (its webhook), with the
+	// plan Kueue's podSetUpdates write into the replicated Job's template
+	// when it starts the JobSet; the JobSet controller's Job (its labels
+	// and annotations on the Job and the pod template, v0.11.1's
+	// constructJob) through gpupack's Job mutation, as the Job webhook sees
+	// the JobSet controller's create. The Job controller makes the pods.
+	jsJob := benchJobSetJob(t, m)
+	env.Eventually(t, 30*time.Second, "JobSet pods take the fast path", func() (bool, string) {
+		j := jsJob.DeepCopy()
+		j.Namespace = variants[jobSetFast].ns
+		p := jobSetPod(j, fmt.Sprintf("probe-%d", time.Now().UnixNano()))
+		before := podMutations(t)
+		if err := controller.Create(env.Ctx, p); err != nil {
+			return false, err.Error()
+		}
+		return podMutations(t) == before, "mutated"
+	})
+
+	// The LWS: through gpupack's LWS mutation, then Kueue's LWS webhook
+	// (after gpupack's) marks its templates as its pod integration's; the
+	// LWS controller's leader StatefulSet (no leader template: the worker
+	// template, with the LWS controller's labels and annotations). No
+	// controller runs here: the StatefulSet controller's identity makes
+	// the pods.
+	lwsObj := benchLWS(t, m)
+	lwsSets := map[string]*appsv1.StatefulSet{}
+	for _, i := range []int{lwsBase, lwsGpupack, lwsStandIn, lwsStandInGpupack} {
+		// Stored, so the pod webhook's owner walks (pod → StatefulSet →
+		// LWS, for the unmanaged-GPU rule and the resume step) read real
+		// objects, as in a cluster.
+		l := lwsObj.DeepCopy()
+		l.Namespace, l.UID = variants[i].ns, ""
+		env.MustCreate(t, l)
+		sts := lwsLeaderStatefulSet(l, variants[i].ns)
+		env.MustCreate(t, sts)
+		lwsSets[variants[i].ns] = sts
+	}
+	stsCfg := env.UserConfig(t, userStatefulSetController, "system:masters")
+	stsCfg.QPS, stsCfg.Burst = env.Config.QPS, env.Config.Burst
+	stsController, err := client.New(stsCfg, client.Options{Scheme: env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+
 	create := func(v variant, from, n int) time.Duration {
 		ns := v.ns
 		var next atomic.Int64
@@ -197,13 +304,19 @@ func TestPodCreateThroughput(t *testing.T) {
 					// A bare fractional pod as Kueue's pod integration admits
 					// it: with its plan (one without is denied).
 					p, c := gpuPod(ns, name, map[string]string{v1alpha1.AnnotationGPUMemory: "20Gi", v1alpha1.AnnotationPlan: "plan-bench"}, corev1.Container{Resources: oneGPU}), env.Client
-					if v.cpu {
+					switch v.kind {
+					case "cpu":
 						p = gpuPod(ns, name, nil, corev1.Container{Resources: limits("cpu", "1")})
-					}
-					if v.job {
+					case "job":
 						j := job.DeepCopy()
 						j.Namespace = ns
 						p, c = podFromTemplate(j, name), controller
+					case "jobset":
+						j := jsJob.DeepCopy()
+						j.Namespace = ns
+						p, c = jobSetPod(j, name), controller
+					case "lws":
+						p, c = statefulSetPod(lwsSets[ns], name), stsController
 					}
 					if err := c.Create(env.Ctx, p); err != nil {
 						firstErr.CompareAndSwap(nil, err)
@@ -224,11 +337,14 @@ func TestPodCreateThroughput(t *testing.T) {
 	took := make([]time.Duration, len(variants))
 	batchTook := make([][]time.Duration, len(variants))
 	cpu := make([]map[string]time.Duration, len(variants))
+	calls := make([]float64, len(variants)) // gpupack pod webhook answers
 	per := total / batches
 	for b := 0; b < batches; b++ {
 		for i, v := range variants {
 			c0 := processCPU()
+			n0 := podMutations(t)
 			d := create(v, b*per, per)
+			calls[i] += podMutations(t) - n0
 			took[i] += d
 			batchTook[i] = append(batchTook[i], d)
 			c1 := processCPU()
@@ -244,15 +360,9 @@ func TestPodCreateThroughput(t *testing.T) {
 	perPod := func(d time.Duration) string { return fmt.Sprintf("%.2f", float64(d.Microseconds())/1000/total) }
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d pods per variant, %d workers, load average %s\n", total, workers, loadAverage())
-	fmt.Fprintf(&b, "| variant | pods/s | ratio | per-batch ratio: median (min–max) | CPU ms/pod: kube-apiserver | etcd | test process (clients + webhook server) |\n|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "| variant | pods/s | ratio | per-batch ratio: median (min–max) | CPU ms/pod: kube-apiserver | etcd | test process (clients + webhook server) | gpupack pod webhook answers/pod |\n|---|---|---|---|---|---|---|---|\n")
 	for i, v := range variants {
-		base := 0
-		if v.cpu {
-			base = cpuBase
-		}
-		if v.job {
-			base = jobBase
-		}
+		base := v.base
 		// Batch k of every variant ran back to back: their ratio is the
 		// least disturbed by load that comes and goes.
 		rs := make([]float64, batches)
@@ -261,14 +371,21 @@ func TestPodCreateThroughput(t *testing.T) {
 		}
 		sort.Float64s(rs)
 		med := (rs[batches/2-1] + rs[batches/2]) / 2
-		fmt.Fprintf(&b, "| %s | %.0f | %.3f | %.3f (%.2f–%.2f) | %s | %s | %s |\n", v.name, rate(i), rate(i)/rate(base), med, rs[0], rs[batches-1],
-			perPod(cpu[i]["kube-apiserver"]), perPod(cpu[i]["etcd"]), perPod(cpu[i]["self"]))
+		fmt.Fprintf(&b, "| %s | %.0f | %.3f | %.3f (%.2f–%.2f) | %s | %s | %s | %.2f |\n", v.name, rate(i), rate(i)/rate(base), med, rs[0], rs[batches-1],
+			perPod(cpu[i]["kube-apiserver"]), perPod(cpu[i]["etcd"]), perPod(cpu[i]["self"]), calls[i]/total)
 	}
-	fmt.Fprintf(&b, "(job and CPU pods: ratio to the same pods without webhooks)\n")
+	fmt.Fprintf(&b, "(job, JobSet, LWS and CPU pods: ratio to the same pods without webhooks; the stand-in + gpupack: to the stand-in alone)\n")
 	p50, p99 := webhookLatency(t, env, "mpod.gpupack.io")
 	n50, n99 := webhookLatency(t, env, "allow-mpod.gpupack.io")
 	fmt.Fprintf(&b, "apiserver-observed gpupack mutating call p50 ≤ %s, p99 ≤ %s (allow-all: p50 ≤ %s, p99 ≤ %s)", p50, p99, n50, n99)
 	t.Log("\n" + b.String())
+	// What the fast path promises, asserted (the timings are not): the
+	// pod webhook saw none of the job pods or JobSet pods.
+	for _, i := range []int{jobFast, jobSetFast} {
+		if calls[i] != 0 {
+			t.Errorf("%s: the pod webhook answered %v times for %d pods, want 0", variants[i].name, calls[i], total)
+		}
+	}
 }
 
 // processCPU is the CPU time used so far by kube-apiserver, etcd and this
