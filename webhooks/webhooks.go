@@ -208,9 +208,14 @@ func (h *podMutator) Handle(ctx context.Context, req admission.Request) admissio
 	if err != nil {
 		return denied(err, warn)
 	}
-	if specAsksGPU(&pod.Spec) {
+	_, planned := pod.Annotations[v1alpha1.AnnotationPlan]
+	if specAsksGPU(&pod.Spec) || planned {
 		if u := h.kv.unmanaged(ctx, pod, "pod", &req.UserInfo); u != nil {
-			if err := h.m.CheckUnmanaged(describeKind("pod", pod.Name), *u); err != nil {
+			err := h.m.CheckUnmanaged(describeKind("pod", pod.Name), *u)
+			if planned {
+				err = h.m.CheckPlanManaged(describeKind("pod", pod.Name), *u, req.UserInfo.Groups)
+			}
+			if err != nil {
 				return denied(err, warn)
 			}
 		}
