@@ -132,3 +132,39 @@ func TestPlanOnlyFromTrustedControllers(t *testing.T) {
 		t.Errorf("Kueue's podSetUpdates on a Job: denied: %v", resp.Result.Message)
 	}
 }
+
+// TestGPUJobReparentedIsJudgedAgain (round 2, finding 4): a tenant's
+// queued GPU Job given a controller reference to another job by an update
+// is judged as a creation by her — Kueue would leave it as that job's
+// child, and she could resume it outside every quota.
+func TestGPUJobReparentedIsJudgedAgain(t *testing.T) {
+	ctx := context.Background()
+	victim := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "victim", Namespace: "ns", UID: "uid-victim", Labels: map[string]string{mutation.LabelQueueName: "q"}}}
+	h := handlers(t, mutation.Config{}, victim)
+	own := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "alices", Namespace: "ns", UID: "uid-alices", Labels: map[string]string{mutation.LabelQueueName: "q"}},
+		Spec: batchv1.JobSpec{Suspend: ptr.To(true), Template: corev1.PodTemplateSpec{Spec: *wholeGPUPod("ns", "1").Spec.DeepCopy()}}}
+	moved := own.DeepCopy()
+	moved.OwnerReferences = []metav1.OwnerReference{{APIVersion: "batch/v1", Kind: "Job", Name: "victim", UID: "uid-victim", Controller: ptr.To(true)}}
+	for _, tc := range []struct {
+		name  string
+		user  authenticationv1.UserInfo
+		allow bool
+	}{
+		{"tenant", authenticationv1.UserInfo{Username: "alice", Groups: []string{"system:authenticated"}}, false},
+		{"garbage collector", authenticationv1.UserInfo{Username: garbageCollector}, true},
+	} {
+		req := request(t, admissionv1.Update, moved, own)
+		req.UserInfo = tc.user
+		if resp := h[PathMutateJob].Handle(ctx, req); resp.Allowed != tc.allow {
+			t.Errorf("%s: allowed=%v, want %v (%v)", tc.name, resp.Allowed, tc.allow, resp.Result)
+		}
+	}
+	// Any other update of hers is not judged again.
+	same := own.DeepCopy()
+	same.Labels["x"] = "y"
+	req := request(t, admissionv1.Update, same, own)
+	req.UserInfo = authenticationv1.UserInfo{Username: "alice"}
+	if resp := h[PathMutateJob].Handle(ctx, req); !resp.Allowed {
+		t.Errorf("an update keeping the owners: denied: %v", resp.Result)
+	}
+}
