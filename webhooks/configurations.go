@@ -62,6 +62,29 @@ var DefaultTemplatePodCreators = []string{
 	"system:serviceaccount:kubeflow:training-operator",
 }
 
+// CheckTemplatePodCreators: every user whose template pods skip the pod
+// webhook (TemplatePodCreators, --template-pod-creators) must be one the
+// unmanaged-GPU policy trusts to create objects for their owner
+// (ownerControllers, unmanagedGPUs.ownerControllers): a fast-path pod
+// skips the creation check of gpupack.io/plan (CheckPlanCreator), which
+// only those controllers pass (issue 14 finding 6, round 2).
+func CheckTemplatePodCreators(creators, ownerControllers []string) error {
+	trusted := map[string]bool{}
+	for _, u := range ownerControllers {
+		trusted[u] = true
+	}
+	var extra []string
+	for _, u := range creators {
+		if !trusted[u] {
+			extra = append(extra, u)
+		}
+	}
+	if len(extra) > 0 {
+		return fmt.Errorf("--template-pod-creators names %s, not in the configuration's unmanagedGPUs.ownerControllers: their pods would skip the pod webhook's check of who may create a pod carrying %s; add them to ownerControllers or drop them from --template-pod-creators", strings.Join(extra, ", "), v1alpha1.AnnotationPlan)
+	}
+	return nil
+}
+
 // DefaultServeOptions match manifests/: namespace gpupack-system.
 func DefaultServeOptions() ServeOptions {
 	return ServeOptions{

@@ -144,3 +144,30 @@ func TestJobUpdatePatch(t *testing.T) {
 		t.Errorf("unchanged job patched: %v", resp.Patches)
 	}
 }
+
+// TestTemplatePodCreatorsMustBeOwnerControllers: a fast-path pod skips the
+// check of who creates a planned pod, so only trusted owner controllers
+// may take the fast path (round 2, finding 5).
+func TestTemplatePodCreatorsMustBeOwnerControllers(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		creators []string
+		owners   []string
+		deny     string // "" = accepted
+	}{
+		{"the defaults", DefaultTemplatePodCreators, mutation.DefaultOwnerControllers, ""},
+		{"no fast path", nil, mutation.DefaultOwnerControllers, ""},
+		{"a creator the policy does not trust", append([]string{"system:serviceaccount:team:bot"}, DefaultTemplatePodCreators...), mutation.DefaultOwnerControllers, "system:serviceaccount:team:bot"},
+		{"ownerControllers narrowed below the creators", DefaultTemplatePodCreators, []string{"system:kube-controller-manager"}, "system:serviceaccount:kube-system:job-controller"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := CheckTemplatePodCreators(tc.creators, tc.owners)
+			switch {
+			case tc.deny == "" && err != nil:
+				t.Errorf("refused: %v", err)
+			case tc.deny != "" && (err == nil || !strings.Contains(err.Error(), tc.deny)):
+				t.Errorf("err = %v, want one naming %q", err, tc.deny)
+			}
+		})
+	}
+}

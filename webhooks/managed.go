@@ -40,11 +40,14 @@ const maxOwnerDepth = 8
 // managed when it names a queue (or Kueue manages jobs without one);
 // Kueue walks up controller owners of the kinds it knows (integrated or
 // not: mutation.KueueRegistered) and manages a child through a managed
-// ancestor. gpupack adds two things: a pod that
-// carries gpupack.io/plan is held by the placement gate until its plan's
-// slot is bound to it, so it cannot run unmanaged; and an owner reference
-// counts only when the owner exists with that UID (a tenant can write
-// any ownerReference).
+// ancestor. gpupack adds that an owner reference counts only when the
+// owner exists with that UID (a tenant can write any ownerReference). A
+// pod that carries gpupack.io/plan is judged like any other: Kueue's job
+// integrations put the plan into the templates of jobs Kueue manages, and
+// its pod integration adds it by an update, never at creation — so a
+// planned pod that no Kueue-managed owner takes in was made from a
+// template nobody checked (a tenant's ReplicaSet; issue 14 finding 6,
+// round 2), and Mutator.CheckPlanManaged refuses it.
 type kueueView struct {
 	m *mutation.Mutator
 	r Readers
@@ -59,11 +62,6 @@ type kueueView struct {
 // owner reference to their own queued job, and Kueue never gates a job's
 // children.
 func (k kueueView) unmanaged(ctx context.Context, obj metav1.Object, framework string, creator *authenticationv1.UserInfo) *mutation.Unmanaged {
-	if framework == "pod" {
-		if _, ok := obj.GetAnnotations()[v1alpha1.AnnotationPlan]; ok {
-			return nil
-		}
-	}
 	selected, ns, err := k.namespaceSelected(ctx, obj.GetNamespace())
 	if !selected {
 		why := fmt.Sprintf("Kueue manages nothing in namespace %s: its managedJobsNamespaceSelector (gpupack's kueue.managedJobsNamespaceSelector) does not select it", obj.GetNamespace())

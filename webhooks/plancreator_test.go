@@ -6,12 +6,15 @@ import (
 	"testing"
 
 	admissionv1 "k8s.io/api/admission/v1"
+	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	kruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	kftraining "github.com/kubeflow/training-operator/pkg/apis/kubeflow.org/v1"
 
@@ -32,7 +35,17 @@ func TestPlanOnlyFromTrustedControllers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := Handlers(m, nil)
+	s := kruntime.NewScheme()
+	_ = corev1.AddToScheme(s)
+	_ = batchv1.AddToScheme(s)
+	_ = appsv1.AddToScheme(s)
+	victim := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "victim", Namespace: "ns", UID: "uid-victim", Labels: map[string]string{mutation.LabelQueueName: "q"}}}
+	unqueued := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "alices", Namespace: "ns", UID: "uid-alices"}}
+	rs := &appsv1.ReplicaSet{ObjectMeta: metav1.ObjectMeta{Name: "alices-rs", Namespace: "ns", UID: "uid-alices-rs"}}
+	h := Handlers(m, fake.NewClientBuilder().WithScheme(s).WithObjects(victim, unqueued, rs).Build())
+	ofUnqueued := []metav1.OwnerReference{{APIVersion: "batch/v1", Kind: "Job", Name: "alices", UID: "uid-alices", Controller: ptr.To(true)}}
+	ofRS := []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "alices-rs", UID: "uid-alices-rs", Controller: ptr.To(true)}}
+	rsController := authenticationv1.UserInfo{Username: "system:serviceaccount:kube-system:replicaset-controller"}
 	alice := authenticationv1.UserInfo{Username: "alice", Groups: []string{"system:authenticated"}}
 	jobController := authenticationv1.UserInfo{Username: "system:serviceaccount:kube-system:job-controller"}
 	jobsetController := authenticationv1.UserInfo{Username: "system:serviceaccount:jobset-system:jobset-controller-manager"}
@@ -86,6 +99,12 @@ func TestPlanOnlyFromTrustedControllers(t *testing.T) {
 		{"Job controller: its Job's pod", PathMutatePod, fractional(ofJob), jobController, ""},
 		{"Job controller: whole-GPU pod of its Job", PathMutatePod, whole(ofJob), jobController, ""},
 		{"cluster admin", PathMutatePod, whole(nil), admin, ""},
+		// A plan does not make a pod managed by itself: a trusted
+		// controller's pod from a template nobody checked (round 2,
+		// finding 3) is refused, even where unmanaged GPUs are allowed.
+		{"ReplicaSet controller: a tenant's unqueued ReplicaSet's pod", PathMutatePod, fractional(ofRS), rsController, "Kueue will not manage it"},
+		{"Job controller: a tenant's unqueued Job's CPU pod", PathMutatePod, cpuOnly(ofUnqueued), jobController, "Kueue will not manage it"},
+		{"Job controller: a tenant's unqueued Job's whole-GPU pod", PathMutatePod, whole(ofUnqueued), jobController, "Kueue will not manage it"},
 		{"tenant: Job template carrying a plan", PathMutateJob, job(nil), alice, `Job j carries the annotation gpupack.io/plan`},
 		{"JobSet controller: its JobSet's Job", PathMutateJob, job(ofJobSet), jobsetController, ""},
 		{"tenant: PyTorchJob template carrying a plan", PathMutatePyTorchJob, pytorch, alice, `PyTorchJob pt carries the annotation gpupack.io/plan`},
@@ -111,5 +130,41 @@ func TestPlanOnlyFromTrustedControllers(t *testing.T) {
 	req.UserInfo = authenticationv1.UserInfo{Username: "system:serviceaccount:kueue-system:kueue-controller-manager"}
 	if resp := h[PathMutateJob].Handle(ctx, req); !resp.Allowed {
 		t.Errorf("Kueue's podSetUpdates on a Job: denied: %v", resp.Result.Message)
+	}
+}
+
+// TestGPUJobReparentedIsJudgedAgain (round 2, finding 4): a tenant's
+// queued GPU Job given a controller reference to another job by an update
+// is judged as a creation by her — Kueue would leave it as that job's
+// child, and she could resume it outside every quota.
+func TestGPUJobReparentedIsJudgedAgain(t *testing.T) {
+	ctx := context.Background()
+	victim := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "victim", Namespace: "ns", UID: "uid-victim", Labels: map[string]string{mutation.LabelQueueName: "q"}}}
+	h := handlers(t, mutation.Config{}, victim)
+	own := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "alices", Namespace: "ns", UID: "uid-alices", Labels: map[string]string{mutation.LabelQueueName: "q"}},
+		Spec: batchv1.JobSpec{Suspend: ptr.To(true), Template: corev1.PodTemplateSpec{Spec: *wholeGPUPod("ns", "1").Spec.DeepCopy()}}}
+	moved := own.DeepCopy()
+	moved.OwnerReferences = []metav1.OwnerReference{{APIVersion: "batch/v1", Kind: "Job", Name: "victim", UID: "uid-victim", Controller: ptr.To(true)}}
+	for _, tc := range []struct {
+		name  string
+		user  authenticationv1.UserInfo
+		allow bool
+	}{
+		{"tenant", authenticationv1.UserInfo{Username: "alice", Groups: []string{"system:authenticated"}}, false},
+		{"garbage collector", authenticationv1.UserInfo{Username: garbageCollector}, true},
+	} {
+		req := request(t, admissionv1.Update, moved, own)
+		req.UserInfo = tc.user
+		if resp := h[PathMutateJob].Handle(ctx, req); resp.Allowed != tc.allow {
+			t.Errorf("%s: allowed=%v, want %v (%v)", tc.name, resp.Allowed, tc.allow, resp.Result)
+		}
+	}
+	// Any other update of hers is not judged again.
+	same := own.DeepCopy()
+	same.Labels["x"] = "y"
+	req := request(t, admissionv1.Update, same, own)
+	req.UserInfo = authenticationv1.UserInfo{Username: "alice"}
+	if resp := h[PathMutateJob].Handle(ctx, req); !resp.Allowed {
+		t.Errorf("an update keeping the owners: denied: %v", resp.Result)
 	}
 }

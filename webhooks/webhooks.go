@@ -16,6 +16,7 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -208,9 +209,14 @@ func (h *podMutator) Handle(ctx context.Context, req admission.Request) admissio
 	if err != nil {
 		return denied(err, warn)
 	}
-	if specAsksGPU(&pod.Spec) {
+	_, planned := pod.Annotations[v1alpha1.AnnotationPlan]
+	if specAsksGPU(&pod.Spec) || planned {
 		if u := h.kv.unmanaged(ctx, pod, "pod", &req.UserInfo); u != nil {
-			if err := h.m.CheckUnmanaged(describeKind("pod", pod.Name), *u); err != nil {
+			err := h.m.CheckUnmanaged(describeKind("pod", pod.Name), *u)
+			if planned {
+				err = h.m.CheckPlanManaged(describeKind("pod", pod.Name), *u, req.UserInfo.Groups)
+			}
+			if err != nil {
 				return denied(err, warn)
 			}
 		}
@@ -335,6 +341,11 @@ func (h *podValidator) Handle(ctx context.Context, req admission.Request) admiss
 	return admission.Allowed("")
 }
 
+// garbageCollector is kube-controller-manager's garbage collector, which
+// removes owner references to gone owners (as system:kube-controller-manager
+// without --use-service-account-credentials, a trusted owner controller).
+const garbageCollector = "system:serviceaccount:kube-system:generic-garbage-collector"
+
 type jobMutator struct {
 	m  *mutation.Mutator
 	kv kueueView
@@ -351,6 +362,20 @@ func (h *jobMutator) Handle(ctx context.Context, req admission.Request) admissio
 	if req.Operation == admissionv1.Update {
 		if err := h.kv.keepsManagement(ctx, req, j, "batch/job", specAsksGPU(&j.Spec.Template.Spec)); err != nil {
 			return admission.Denied(err.Error())
+		}
+		// A GPU Job whose owner references change is judged as a creation
+		// by the one who changes them, as other kinds are (kinds.go): a
+		// tenant's queued Job re-parented under another job is no longer
+		// Kueue's, and she could resume it with GPUs and no quota (issue
+		// 14 finding 6, round 2). A planned Job's owners are frozen by the
+		// gpupack-job-plan policy. The garbage collector removing the
+		// references to a gone owner is not judged.
+		if old := (&batchv1.Job{}); specAsksGPU(&j.Spec.Template.Spec) && req.UserInfo.Username != garbageCollector && decode(req.OldObject.Raw, old) == nil && !equality.Semantic.DeepEqual(old.OwnerReferences, j.OwnerReferences) {
+			if u := h.kv.unmanaged(ctx, j, "batch/job", &req.UserInfo); u != nil {
+				if err := h.m.CheckUnmanaged(describeKind("Job", j.Name), *u); err != nil {
+					return admission.Denied(err.Error())
+				}
+			}
 		}
 		h.m.SyncJob(j)
 		return templatePatch(req.Object.Raw, map[string]*corev1.PodTemplateSpec{"/spec/template": &j.Spec.Template})

@@ -90,7 +90,8 @@ func gpuPod(mem string, env ...corev1.EnvVar) *corev1.Pod {
 	return &corev1.Pod{
 		// Placed by the gang-fit check: a fractional pod needs a plan, and
 		// only a trusted controller creates a planned pod, for its owner
-		// (request's identity; the Job is not in the fake client).
+		// (request's identity), a job Kueue manages (pJob, in handlers'
+		// fake client).
 		ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns", Annotations: map[string]string{v1alpha1.AnnotationGPUMemory: mem, v1alpha1.AnnotationPlan: "plan-p"},
 			OwnerReferences: []metav1.OwnerReference{{APIVersion: "batch/v1", Kind: "Job", Name: "p-job", UID: "uid-p-job", Controller: ptr.To(true)}}},
 		Spec: corev1.PodSpec{
@@ -101,7 +102,14 @@ func gpuPod(mem string, env ...corev1.EnvVar) *corev1.Pod {
 	}
 }
 
+// pJob is gpuPod's owner: a queued Job, which Kueue manages.
+func pJob() *batchv1.Job {
+	return &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "p-job", Namespace: "ns", UID: "uid-p-job", Labels: map[string]string{mutation.LabelQueueName: "q"}}}
+}
+
+// handlers serves cfg with objs (and pJob) in the readers.
 func handlers(t testing.TB, cfg mutation.Config, objs ...kruntime.Object) map[string]admission.Handler {
+	objs = append(objs, pJob())
 	m, err := mutation.New(cfg)
 	if err != nil {
 		t.Fatal(err)

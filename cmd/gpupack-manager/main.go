@@ -171,6 +171,10 @@ func main() {
 				serve.TemplatePodCreators = append(serve.TemplatePodCreators, u)
 			}
 		}
+		if err := webhooks.CheckTemplatePodCreators(serve.TemplatePodCreators, cfg.UnmanagedGPUs.OwnerControllers); err != nil {
+			log.Error(err, "--template-pod-creators")
+			os.Exit(1)
+		}
 		if err := webhooks.SetupFastPath(mgr, serve); err != nil {
 			log.Error(err, "setting up the pod webhook's fast path")
 			os.Exit(1)

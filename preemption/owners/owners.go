@@ -215,13 +215,17 @@ func (f Finder) list(ctx context.Context, ns string, k schema.GroupVersionKind) 
 	return l.Items, nil
 }
 
-// isIntermediate: some chain passes through kind k.
-func isIntermediate(k schema.GroupVersionKind) bool {
-	for _, ks := range Intermediates {
-		for _, x := range ks {
-			if x == k {
-				return true
-			}
+// stepsUp: a walk up may go from an object of kind child to its
+// controller of kind parent — only when parent's controller makes such
+// objects on the way to its pods (Intermediates: a JobSet's Job, a
+// TrainJob's JobSet, a RayJob's RayCluster or submitter Job, an MPIJob's
+// launcher Job). Anyone can write a controller reference: a tenant's own
+// Job naming another job's Job (or any kind whose chains do not pass a
+// Job) as its controller is not that job's (issue 14, finding 6, round 2).
+func stepsUp(child, parent schema.GroupVersionKind) bool {
+	for _, k := range Intermediates[parent.GroupKind()] {
+		if k.GroupKind() == child.GroupKind() {
+			return true
 		}
 	}
 	return false
@@ -250,7 +254,7 @@ func (f Finder) AncestorRefs(ctx context.Context, obj client.Object) []metav1.Ow
 	for depth := 0; ref != nil && depth < MaxDepth; depth++ {
 		refs = append(refs, *ref)
 		gvk := schema.FromAPIVersionAndKind(ref.APIVersion, ref.Kind)
-		if !isIntermediate(gvk) {
+		if _, ok := intermediateKinds()[gvk]; !ok {
 			break
 		}
 		meta := &metav1.PartialObjectMetadata{}
@@ -262,8 +266,22 @@ func (f Finder) AncestorRefs(ctx context.Context, obj client.Object) []metav1.Ow
 			break
 		}
 		ref = metav1.GetControllerOf(meta)
+		if ref != nil && !stepsUp(gvk, schema.FromAPIVersionAndKind(ref.APIVersion, ref.Kind)) {
+			break
+		}
 	}
 	return refs
+}
+
+// intermediateKinds are the kinds some chain passes through.
+func intermediateKinds() map[schema.GroupVersionKind]struct{} {
+	out := map[schema.GroupVersionKind]struct{}{}
+	for _, ks := range Intermediates {
+		for _, k := range ks {
+			out[k] = struct{}{}
+		}
+	}
+	return out
 }
 
 // Top is the metadata of the object at the top of obj's controller chain —
@@ -285,7 +303,7 @@ func (f Finder) Top(ctx context.Context, obj client.Object) *metav1.PartialObjec
 			return nil
 		}
 		next := metav1.GetControllerOf(meta)
-		if next == nil || !isIntermediate(gvk) {
+		if next == nil || !stepsUp(gvk, schema.FromAPIVersionAndKind(next.APIVersion, next.Kind)) {
 			return meta
 		}
 		ref = next
@@ -294,15 +312,17 @@ func (f Finder) Top(ctx context.Context, obj client.Object) *metav1.PartialObjec
 }
 
 // Belongs reports whether a pod belongs to Workload wl, as Kueue v0.17
-// relates them: wl is owned by the pod itself (a single pod's Workload) or
-// by an object up the pod's controller chain (ancestors: Finder.Ancestors,
-// the pod's own UID first), or wl is a pod group (its owners are the
-// group's pods, none a controller: SourceOf) and the pod's Kueue
-// pod-group label (podGroup) names it — Kueue names a group's Workload by
-// that label and adds each pod as an owner only once it sees it. A plan's
-// slots are for its Workload's pods only: a pod that names another job's
-// plan would otherwise take that job's slot (issue 14, finding 6).
-func Belongs(wl *kueue.Workload, podGroup string, ancestors []types.UID) bool {
+// relates them: wl is owned by the pod itself (a single pod's Workload, and
+// each member of a pod group: Kueue's pod controller makes every member an
+// owner of the group's Workload, ConstructComposableWorkload and
+// EnsureWorkloadOwnedByAllMembers) or by an object up the pod's controller
+// chain (ancestors: Finder.Ancestors, the pod's own UID first). The
+// pod-group label alone proves nothing (a tenant can label her pod with
+// any group's name); a group member that Kueue has not made an owner yet
+// stays gated until it has. A plan's slots are for its Workload's pods
+// only: a pod that names another job's plan would otherwise take that
+// job's slot (issue 14, finding 6).
+func Belongs(wl *kueue.Workload, ancestors []types.UID) bool {
 	for _, o := range wl.OwnerReferences {
 		for _, uid := range ancestors {
 			if uid != "" && o.UID == uid {
@@ -310,16 +330,12 @@ func Belongs(wl *kueue.Workload, podGroup string, ancestors []types.UID) bool {
 			}
 		}
 	}
-	if podGroup == "" || podGroup != wl.Name {
-		return false
-	}
-	src, ok := SourceOf(wl)
-	return ok && src.Group != ""
+	return false
 }
 
 // BelongsTo is Belongs for pod, walking up its controller chain with
 // Ancestors (each step UID-checked; a read that fails ends the walk, so a
 // pod may be found not to belong, never wrongly to belong).
 func (f Finder) BelongsTo(ctx context.Context, pod *corev1.Pod, wl *kueue.Workload) bool {
-	return Belongs(wl, pod.Labels[LabelPodGroup], f.Ancestors(ctx, pod))
+	return Belongs(wl, f.Ancestors(ctx, pod))
 }

@@ -230,6 +230,8 @@ func TestAncestors(t *testing.T) {
 	recreated.UID = "uid-re-new"
 	c := fake.NewClientBuilder().WithScheme(scheme()).WithObjects(
 		job("js-w", js), tjSet, job("tj-w", &tjSetRef), recreated,
+		job("forged", ref(GVKJob, "victim")), job("victim", nil), job("mpi-launcher", ref(schema.GroupVersionKind{Group: "kubeflow.org", Version: "v2beta1", Kind: "MPIJob"}, "mpi")),
+		&jobset.JobSet{ObjectMeta: meta("forged-js", "uid-forged-js", ref(GVKJob, "victim"))}, job("under-forged-js", ref(GVKJobSet, "forged-js")),
 	).Build()
 	f := Finder{Reader: noMatch{Reader: c, kinds: map[string]bool{"trainer.kubeflow.org": true}}}
 	cases := map[string]struct {
@@ -243,17 +245,24 @@ func TestAncestors(t *testing.T) {
 		"Job gone":             {pod: pod("p", ref(GVKJob, "gone")), want: []types.UID{"uid-p", "uid-gone"}},
 		"Job recreated":        {pod: pod("p", ref(GVKJob, "re")), want: []types.UID{"uid-p", "uid-re"}},
 		"StatefulSet pod stop": {pod: pod("p", ref(gvkSts, "s")), want: []types.UID{"uid-p", "uid-s"}},
+		"MPIJob launcher pod":  {pod: pod("p", ref(GVKJob, "mpi-launcher")), want: []types.UID{"uid-p", "uid-mpi-launcher", "uid-mpi"}},
+		// Anyone can write a controller reference: a tenant's Job naming
+		// the victim's Job as its controller is not the victim's (round
+		// 2, finding 4), nor a JobSet naming a Job.
+		"Job under a Job stops":    {pod: pod("p", ref(GVKJob, "forged")), want: []types.UID{"uid-p", "uid-forged"}},
+		"JobSet under a Job stops": {pod: pod("p", ref(GVKJob, "under-forged-js")), want: []types.UID{"uid-p", "uid-under-forged-js", "uid-forged-js"}},
 	}
 	for name, tc := range cases {
 		if diff := cmp.Diff(tc.want, f.Ancestors(context.Background(), tc.pod)); diff != "" {
 			t.Errorf("%s: (-want +got):\n%s", name, diff)
 		}
 	}
-	// A hostile cycle (two Jobs controlling each other) ends at MaxDepth.
-	c = fake.NewClientBuilder().WithScheme(scheme()).WithObjects(job("loop-a", ref(GVKJob, "loop-b")), job("loop-b", ref(GVKJob, "loop-a"))).Build()
+	// A hostile cycle (a Job and a JobSet controlling each other) ends at
+	// the first step no chain makes (JobSet under a Job).
+	c = fake.NewClientBuilder().WithScheme(scheme()).WithObjects(job("loop-a", ref(GVKJobSet, "loop-b")), &jobset.JobSet{ObjectMeta: meta("loop-b", "uid-loop-b", ref(GVKJob, "loop-a"))}).Build()
 	got := Finder{Reader: c}.Ancestors(context.Background(), pod("p", ref(GVKJob, "loop-a")))
-	if len(got) != MaxDepth+1 {
-		t.Errorf("cycle: ancestors %v, want %d entries (the walk's bound)", got, MaxDepth+1)
+	if diff := cmp.Diff([]types.UID{"uid-p", "uid-loop-a", "uid-loop-b"}, got); diff != "" {
+		t.Errorf("cycle: (-want +got):\n%s", diff)
 	}
 }
 

@@ -56,8 +56,10 @@ func TestHandMadePodCannotTakeAnotherJobsSlot(t *testing.T) {
 	denied(t, "alice's pod naming the victim's plan and Job", c.aliceSelf.Create(ctx, underVictim), `created by "alice"`)
 
 	// Layer 2: a trusted identity creates a pod of another Job (alice's
-	// own, real) that names the victim's plan, first, with slot 0's labels.
-	own := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "alices", Namespace: ns},
+	// own, real, queued: a planned pod under a job Kueue does not manage
+	// is refused at creation) that names the victim's plan, first, with
+	// slot 0's labels.
+	own := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "alices", Namespace: ns, Labels: map[string]string{"kueue.x-k8s.io/queue-name": "gpu"}},
 		Spec: batchv1.JobSpec{Suspend: ptr.To(true), Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever,
 			Containers: []corev1.Container{{Name: "c", Image: "busybox"}}}}}}
 	if err := c.aliceSelf.Create(ctx, own); err != nil {

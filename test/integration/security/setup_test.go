@@ -251,7 +251,8 @@ func (j *throughJob) jobOf(ctx context.Context, ns, plan string) (*batchv1.Job, 
 	if job, ok := j.jobs[key]; ok {
 		return job, nil
 	}
-	job := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "job-" + strings.Trim(plan, "-"), Namespace: ns},
+	// Queued: a planned pod counts only under a job Kueue manages.
+	job := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "job-" + strings.Trim(plan, "-"), Namespace: ns, Labels: map[string]string{"kueue.x-k8s.io/queue-name": "gpu"}},
 		Spec: batchv1.JobSpec{Suspend: ptr.To(true), Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever,
 			Containers: []corev1.Container{{Name: "c", Image: "busybox"}}}}}}
 	if err := j.c.env.Client.Create(ctx, job); err != nil {
