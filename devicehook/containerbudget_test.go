@@ -1,6 +1,7 @@
 package devicehook
 
 import (
+	"bytes"
 	"errors"
 	"os/exec"
 	"path/filepath"
@@ -75,5 +76,22 @@ func TestSMBudgetIsContainerWide(t *testing.T) {
 			}, 30)
 			within(t, "a fresh process per 300 ms kernel at 30%", got[0], 30, smBand)
 		})
+	}
+}
+
+// hook15 review L5: CUDA_DEVICE_SM_LIMIT applies to every index, and the
+// limiter asked NVML for each, one WARN line per device the driver does not
+// have. Only devices below cuDeviceGetCount are looked up.
+func TestSMLimiterLooksUpOnlyDevicesThatExist(t *testing.T) {
+	e := limitedAt(30, 167, 100000)
+	e["FAKECUDA_DEVICES"] = "2"
+	cmd := command(e, "gpa", "onekernel", "k1")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if out, err := cmd.Output(); err != nil {
+		t.Fatalf("onekernel: %v\n%s\n%s", err, out, stderr.String())
+	}
+	if strings.Contains(stderr.String(), "NVML cannot be asked") {
+		t.Errorf("a WARN line for a device the driver does not have:\n%s", stderr.String())
 	}
 }
