@@ -85,7 +85,7 @@ func TestSMBudgetIsContainerWide(t *testing.T) {
 func TestSMLimiterLooksUpOnlyDevicesThatExist(t *testing.T) {
 	e := limitedAt(30, 167, 100000)
 	e["FAKECUDA_DEVICES"] = "2"
-	cmd := command(e, "gpa", "onekernel", "k1")
+	cmd := command(e, "gpa", "launch", "kernel", "1", "0") // 1 s: the control thread ticks
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if out, err := cmd.Output(); err != nil {

@@ -775,12 +775,15 @@ static void start_control(void)
 	}
 	/* Only devices the driver has (hook15 review L5): a limit for every
 	 * index (CUDA_DEVICE_SM_LIMIT) asked NVML for devices that do not
-	 * exist, one WARN line each. No launch can reach an index at or past
-	 * the driver's count, so there is nothing to throttle there. */
+	 * exist, one WARN line each (here and at every control tick). No
+	 * launch can reach an index at or past the driver's count, so there is
+	 * nothing to throttle there. */
 	int ndev = GP_MAX_DEV;
 	CUresult (*count)(int *) = gp.libcuda ? (CUresult(*)(int *))gp.real_dlsym(gp.libcuda, "cuDeviceGetCount") : NULL;
 	if (count && count(&ndev) != CUDA_SUCCESS)
 		ndev = GP_MAX_DEV;
+	for (int d = ndev < 0 ? 0 : ndev; d < GP_MAX_DEV; d++)
+		gp.lim[d].target = 0;
 	/* On a MIG device the slice is the SM limit, and NVML reports no
 	 * per-process utilisation: say so, once, and do not throttle. */
 	for (int d = 0; d < ndev && d < GP_MAX_DEV; d++) {
