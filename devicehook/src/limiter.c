@@ -764,6 +764,14 @@ static void start_control(void)
 	int z = 0;
 	if (!atomic_compare_exchange_strong(&gp.limiter_started, &z, 1))
 		return;
+	/* hook15 review H1: before this process's first launch passes, the
+	 * container's dead processes are charged what they ran unreported
+	 * (region.c settle_tail), so a process that starts after another was
+	 * killed starts in its debt. Else only a ticking control thread looks
+	 * for dead slots, and a relay of processes that each live shorter
+	 * than a period has none. */
+	if (gp.region.r != NULL && gp.region.sm)
+		gp_region_reclaim_dead(&gp.region);
 	if (!nvml_ready()) {
 		if (gp.nvml_untrusted) {
 			for (int d = 0; d < GP_MAX_DEV; d++)

@@ -356,16 +356,36 @@ int gp_region_open(struct gp_region_handle *h, const char *path)
 	return rc;
 }
 
-/* I10: what slot s's owner ran that NVML never reported is the container's. */
+/* I10: what slot s's owner ran that NVML never reported is the container's.
+ * The span ends at the owner's last tick (alive_ns), but at least one NVML
+ * cadence and one control period after from_ns, or now if that is sooner
+ * (hook15 review H1): a process killed (or _exit()ed, or exec'd) before its
+ * control thread ever ticked has alive_ns from attach, before its first
+ * launch, and was charged nothing — a relay of pre-warmed processes, one
+ * kernel each, ran 64-73 % under 30 %. The floor bounds what a process
+ * that never ticked can have run unseen: from its first unreported launch
+ * to when it is reclaimed, at most one cadence plus one period (by then it
+ * would have ticked and polled NVML). Cost: an honest process killed right
+ * after a launch is charged up to that floor, not less (early, never
+ * late). */
+#define GP_TAIL_CADENCE_MAX_NS 2000000000ull /* cadence_us is tenant-writable */
 static void settle_tail(struct gp_region *r, struct gp_slot *s)
 {
 	struct gp_sm_tail *t = &r->tail[s - r->slots];
-	uint64_t alive = atomic_load(&t->alive_ns);
+	uint64_t alive = atomic_load(&t->alive_ns), now = gp_now_ns();
 	for (int d = 0; d < GP_MAX_DEV; d++) {
 		uint64_t from = atomic_exchange(&t->from_ns[d], 0);
-		if (from == 0 || alive <= from)
+		if (from == 0)
 			continue;
-		int64_t ns = alive - from > (uint64_t)GP_TAIL_MAX_NS ? GP_TAIL_MAX_NS : (int64_t)(alive - from);
+		uint64_t cad = atomic_load(&r->budget[d].cadence_us) * 1000ull;
+		if (cad == 0 || cad > GP_TAIL_CADENCE_MAX_NS)
+			cad = GP_TAIL_CADENCE_MAX_NS / 2;
+		uint64_t floor = from + cad + (uint64_t)gp.cfg.sm_period_ms * 1000000ull, end = alive;
+		if (end < floor)
+			end = now < floor ? now : floor;
+		if (end <= from)
+			continue;
+		int64_t ns = end - from > (uint64_t)GP_TAIL_MAX_NS ? GP_TAIL_MAX_NS : (int64_t)(end - from);
 		atomic_fetch_sub(&r->budget[d].credit_ns, ns);
 		gp_log(GP_LOG_DEBUG, "slot %d ran up to %.0f ms on index %d that NVML did not report: charged to the "
 		       "container's SM budget", (int)(s - r->slots), (double)ns / 1e6, d);
