@@ -2,6 +2,7 @@ package devicehook
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"os"
 	"os/exec"
@@ -245,5 +246,41 @@ func TestSMBudgetChargesARelayOfPrewarmedProcesses(t *testing.T) {
 			}, 30)
 			within(t, "a relay of pre-warmed processes at 30%", got[0], 30, smBand)
 		})
+	}
+}
+
+// Hook15 review M2: a tenant that replaced her accounting file by one of the
+// older layout (the slots alone, the magic) had every later process take the
+// SM budget per process again (the file's size versions it), and a fresh
+// process per 300 ms kernel never paid: 77-80 % under 30 %. Under an SM
+// limit the file is grown to the current layout in place where there is
+// room, so the budget is the container's again.
+func TestSMBudgetSurvivesADowngradeToTheOlderLayout(t *testing.T) {
+	e := limitedAt(30, 167, 100000)
+	e["GPUPACK_SM_PERIOD_MS"] = "100"
+	dir := t.TempDir()
+	cache := filepath.Join(dir, "v1cache")
+	b := make([]byte, regionV1Size)
+	binary.LittleEndian.PutUint64(b, 0x6770706b68303031) // "gppkh001"
+	if err := os.WriteFile(cache, b, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	e["FAKECUDA_STATE"] = filepath.Join(dir, "device")
+	e["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = cache
+	got := sharesWithin(t, smBand, func() []float64 {
+		t0 := time.Now()
+		var busy int64
+		n := 0
+		for time.Since(t0).Seconds() < 8 {
+			busy += num(t, run(t, e, "gpa", "onekernel", "k3000000"), "busy_ns")
+			n++
+		}
+		share := 100 * float64(busy) / float64(time.Since(t0).Nanoseconds())
+		t.Logf("%d processes on a cache downgraded to the older layout: %.1f%%", n, share)
+		return []float64{share}
+	}, 30)
+	within(t, "fresh process per 300 ms kernel, cache downgraded to the older layout, at 30%", got[0], 30, smBand)
+	if st, err := os.Stat(cache); err != nil || st.Size() == regionV1Size {
+		t.Errorf("the older-layout file was not grown under an SM limit: %v %v", st, err)
 	}
 }

@@ -290,6 +290,18 @@ static struct gp_region *open_shared(const char *path, size_t *sizep, char *why,
 				     (magic != 0 && magic != GP_MAGIC)))
 		snprintf(why, whylen, "has another layout (magic %llx)", (unsigned long long)magic);
 	else {
+		/* Hook15 review M2: under an SM limit a file of the older layout
+		 * is grown to ours in place where there is room (the slots keep
+		 * their offsets, so processes of the older library that mapped
+		 * the prefix go on as they were). Else a tenant that replaced her
+		 * file by one of the older layout once had the SM budget per
+		 * process for the container's life (77-80 % under 30 %); now it
+		 * is a fresh container budget, once: what writing the budget
+		 * does (devicehook M1). Only where there is no room (an
+		 * accounting tmpfs sized for the older layout) does it stay. */
+		if ((size_t)st.st_size == GP_V1_SIZE && size != GP_V1_SIZE && gp.cfg.any_sm_limit &&
+		    posix_fallocate(fd, 0, (off_t)size) == 0)
+			st.st_size = (off_t)size;
 		/* Reserve the blocks before mapping: on a full filesystem a
 		 * sparse file mapped shared raises SIGBUS at the first store. */
 		if (st.st_size != 0)
@@ -335,8 +347,9 @@ int gp_region_open(struct gp_region_handle *h, const char *path)
 			h->shared = 1;
 			h->sm = size == sizeof(struct gp_region);
 			if (!h->sm)
-				gp_log(GP_LOG_INFO, "shared cache %s has the layout without the container's SM state (made "
-				       "by an older library, or no room for more): SM budgets stay per process", path);
+				gp_log(gp.cfg.any_sm_limit ? GP_LOG_ERROR : GP_LOG_INFO,
+				       "shared cache %s has the layout without the container's SM state (made by an older "
+				       "library, or no room for more): SM budgets stay per process", path);
 			return 0;
 		}
 		/* Fail closed: a private region would give this process the
