@@ -258,7 +258,7 @@ static int owner_dead(struct gp_slot *s, uint64_t o, struct gp_self *me)
  * pods); the SM state then stays per process (gp_region_budget: NULL). */
 #define GP_V1_SIZE offsetof(struct gp_region, budget)
 
-static struct gp_region *open_shared(const char *path, size_t *sizep, char *why, size_t whylen)
+static struct gp_region *open_shared(const char *path, size_t *sizep, char *why, size_t whylen, int grow_v1)
 {
 	size_t size = *sizep;
 	/* Every uid of the container must be able to open the file read-write
@@ -299,7 +299,7 @@ static struct gp_region *open_shared(const char *path, size_t *sizep, char *why,
 		 * is a fresh container budget, once: what writing the budget
 		 * does (devicehook M1). Only where there is no room (an
 		 * accounting tmpfs sized for the older layout) does it stay. */
-		if ((size_t)st.st_size == GP_V1_SIZE && size != GP_V1_SIZE && gp.cfg.any_sm_limit &&
+		if ((size_t)st.st_size == GP_V1_SIZE && size != GP_V1_SIZE && grow_v1 &&
 		    posix_fallocate(fd, 0, (off_t)size) == 0)
 			st.st_size = (off_t)size;
 		/* Reserve the blocks before mapping: on a full filesystem a
@@ -342,12 +342,12 @@ int gp_region_open(struct gp_region_handle *h, const char *path)
 	int rc = 0;
 	if (path && *path) {
 		char why[256] = "";
-		h->r = open_shared(path, &size, why, sizeof why);
+		h->r = open_shared(path, &size, why, sizeof why, h->sm_limited);
 		if (h->r != NULL) {
 			h->shared = 1;
 			h->sm = size == sizeof(struct gp_region);
 			if (!h->sm)
-				gp_log(gp.cfg.any_sm_limit ? GP_LOG_ERROR : GP_LOG_INFO,
+				gp_log(h->sm_limited ? GP_LOG_ERROR : GP_LOG_INFO,
 				       "shared cache %s has the layout without the container's SM state (made by an older "
 				       "library, or no room for more): SM budgets stay per process", path);
 			return 0;
@@ -382,7 +382,7 @@ int gp_region_open(struct gp_region_handle *h, const char *path)
  * after a launch is charged up to that floor, not less (early, never
  * late). */
 #define GP_TAIL_CADENCE_MAX_NS 2000000000ull /* cadence_us is tenant-writable */
-static void settle_tail(struct gp_region *r, struct gp_slot *s)
+static void settle_tail(struct gp_region *r, struct gp_slot *s, unsigned period_ms)
 {
 	struct gp_sm_tail *t = &r->tail[s - r->slots];
 	uint64_t alive = atomic_load(&t->alive_ns), now = gp_now_ns();
@@ -393,7 +393,7 @@ static void settle_tail(struct gp_region *r, struct gp_slot *s)
 		uint64_t cad = atomic_load(&r->budget[d].cadence_us) * 1000ull;
 		if (cad == 0 || cad > GP_TAIL_CADENCE_MAX_NS)
 			cad = GP_TAIL_CADENCE_MAX_NS / 2;
-		uint64_t floor = from + cad + (uint64_t)gp.cfg.sm_period_ms * 1000000ull, end = alive;
+		uint64_t floor = from + cad + (uint64_t)period_ms * 1000000ull, end = alive;
 		if (end < floor)
 			end = now < floor ? now : floor;
 		if (end <= from)
@@ -409,7 +409,7 @@ static void settle_tail(struct gp_region *r, struct gp_slot *s)
 static void zero_slot(struct gp_region_handle *h, struct gp_slot *s)
 {
 	if (h->sm)
-		settle_tail(h->r, s);
+		settle_tail(h->r, s, h->sm_period_ms);
 	atomic_store(&s->id_owner, 0); /* first: the identity below is stale */
 	for (int d = 0; d < GP_MAX_DEV; d++)
 		atomic_store(&s->used[d], 0);
