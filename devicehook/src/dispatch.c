@@ -226,6 +226,8 @@ static void init_once(void)
 	}
 	if (gp_table_init(&gp.table, 17) != 0)
 		gp_log(GP_LOG_ERROR, "cannot map the allocation table");
+	gp.region.sm_limited = gp.cfg.any_sm_limit;
+	gp.region.sm_period_ms = gp.cfg.sm_period_ms;
 	int ro = gp_region_open(&gp.region, gp.cfg.shared_cache);
 	if (ro == -1 || (ro == 0 && gp_region_attach(&gp.region) != 0))
 		gp_log(GP_LOG_ERROR, "no accounting region: every GPU memory allocation is refused");

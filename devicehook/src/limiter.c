@@ -764,6 +764,14 @@ static void start_control(void)
 	int z = 0;
 	if (!atomic_compare_exchange_strong(&gp.limiter_started, &z, 1))
 		return;
+	/* hook15 review H1: before this process's first launch passes, the
+	 * container's dead processes are charged what they ran unreported
+	 * (region.c settle_tail), so a process that starts after another was
+	 * killed starts in its debt. Else only a ticking control thread looks
+	 * for dead slots, and a relay of processes that each live shorter
+	 * than a period has none. */
+	if (gp.region.r != NULL && gp.region.sm)
+		gp_region_reclaim_dead(&gp.region);
 	if (!nvml_ready()) {
 		if (gp.nvml_untrusted) {
 			for (int d = 0; d < GP_MAX_DEV; d++)
@@ -773,9 +781,20 @@ static void start_control(void)
 		gp_log(GP_LOG_ERROR, "SM limit set but NVML is unavailable; launches are not throttled");
 		return;
 	}
+	/* Only devices the driver has (hook15 review L5): a limit for every
+	 * index (CUDA_DEVICE_SM_LIMIT) asked NVML for devices that do not
+	 * exist, one WARN line each (here and at every control tick). No
+	 * launch can reach an index at or past the driver's count, so there is
+	 * nothing to throttle there. */
+	int ndev = GP_MAX_DEV;
+	CUresult (*count)(int *) = gp.libcuda ? (CUresult(*)(int *))gp.real_dlsym(gp.libcuda, "cuDeviceGetCount") : NULL;
+	if (count && count(&ndev) != CUDA_SUCCESS)
+		ndev = GP_MAX_DEV;
+	for (int d = ndev < 0 ? 0 : ndev; d < GP_MAX_DEV; d++)
+		gp.lim[d].target = 0;
 	/* On a MIG device the slice is the SM limit, and NVML reports no
 	 * per-process utilisation: say so, once, and do not throttle. */
-	for (int d = 0; d < GP_MAX_DEV; d++) {
+	for (int d = 0; d < ndev && d < GP_MAX_DEV; d++) {
 		nvmlDevice_t h;
 		unsigned cur = 0, pend = 0;
 		if (gp.lim[d].target == 0 || nvml_dev(d, &h) != 0)

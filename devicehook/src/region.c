@@ -258,7 +258,7 @@ static int owner_dead(struct gp_slot *s, uint64_t o, struct gp_self *me)
  * pods); the SM state then stays per process (gp_region_budget: NULL). */
 #define GP_V1_SIZE offsetof(struct gp_region, budget)
 
-static struct gp_region *open_shared(const char *path, size_t *sizep, char *why, size_t whylen)
+static struct gp_region *open_shared(const char *path, size_t *sizep, char *why, size_t whylen, int grow_v1)
 {
 	size_t size = *sizep;
 	/* Every uid of the container must be able to open the file read-write
@@ -290,6 +290,18 @@ static struct gp_region *open_shared(const char *path, size_t *sizep, char *why,
 				     (magic != 0 && magic != GP_MAGIC)))
 		snprintf(why, whylen, "has another layout (magic %llx)", (unsigned long long)magic);
 	else {
+		/* Hook15 review M2: under an SM limit a file of the older layout
+		 * is grown to ours in place where there is room (the slots keep
+		 * their offsets, so processes of the older library that mapped
+		 * the prefix go on as they were). Else a tenant that replaced her
+		 * file by one of the older layout once had the SM budget per
+		 * process for the container's life (77-80 % under 30 %); now it
+		 * is a fresh container budget, once: what writing the budget
+		 * does (devicehook M1). Only where there is no room (an
+		 * accounting tmpfs sized for the older layout) does it stay. */
+		if ((size_t)st.st_size == GP_V1_SIZE && size != GP_V1_SIZE && grow_v1 &&
+		    posix_fallocate(fd, 0, (off_t)size) == 0)
+			st.st_size = (off_t)size;
 		/* Reserve the blocks before mapping: on a full filesystem a
 		 * sparse file mapped shared raises SIGBUS at the first store. */
 		if (st.st_size != 0)
@@ -330,13 +342,14 @@ int gp_region_open(struct gp_region_handle *h, const char *path)
 	int rc = 0;
 	if (path && *path) {
 		char why[256] = "";
-		h->r = open_shared(path, &size, why, sizeof why);
+		h->r = open_shared(path, &size, why, sizeof why, h->sm_limited);
 		if (h->r != NULL) {
 			h->shared = 1;
 			h->sm = size == sizeof(struct gp_region);
 			if (!h->sm)
-				gp_log(GP_LOG_INFO, "shared cache %s has the layout without the container's SM state (made "
-				       "by an older library, or no room for more): SM budgets stay per process", path);
+				gp_log(h->sm_limited ? GP_LOG_ERROR : GP_LOG_INFO,
+				       "shared cache %s has the layout without the container's SM state (made by an older "
+				       "library, or no room for more): SM budgets stay per process", path);
 			return 0;
 		}
 		/* Fail closed: a private region would give this process the
@@ -356,16 +369,36 @@ int gp_region_open(struct gp_region_handle *h, const char *path)
 	return rc;
 }
 
-/* I10: what slot s's owner ran that NVML never reported is the container's. */
-static void settle_tail(struct gp_region *r, struct gp_slot *s)
+/* I10: what slot s's owner ran that NVML never reported is the container's.
+ * The span ends at the owner's last tick (alive_ns), but at least one NVML
+ * cadence and one control period after from_ns, or now if that is sooner
+ * (hook15 review H1): a process killed (or _exit()ed, or exec'd) before its
+ * control thread ever ticked has alive_ns from attach, before its first
+ * launch, and was charged nothing — a relay of pre-warmed processes, one
+ * kernel each, ran 64-73 % under 30 %. The floor bounds what a process
+ * that never ticked can have run unseen: from its first unreported launch
+ * to when it is reclaimed, at most one cadence plus one period (by then it
+ * would have ticked and polled NVML). Cost: an honest process killed right
+ * after a launch is charged up to that floor, not less (early, never
+ * late). */
+#define GP_TAIL_CADENCE_MAX_NS 2000000000ull /* cadence_us is tenant-writable */
+static void settle_tail(struct gp_region *r, struct gp_slot *s, unsigned period_ms)
 {
 	struct gp_sm_tail *t = &r->tail[s - r->slots];
-	uint64_t alive = atomic_load(&t->alive_ns);
+	uint64_t alive = atomic_load(&t->alive_ns), now = gp_now_ns();
 	for (int d = 0; d < GP_MAX_DEV; d++) {
 		uint64_t from = atomic_exchange(&t->from_ns[d], 0);
-		if (from == 0 || alive <= from)
+		if (from == 0)
 			continue;
-		int64_t ns = alive - from > (uint64_t)GP_TAIL_MAX_NS ? GP_TAIL_MAX_NS : (int64_t)(alive - from);
+		uint64_t cad = atomic_load(&r->budget[d].cadence_us) * 1000ull;
+		if (cad == 0 || cad > GP_TAIL_CADENCE_MAX_NS)
+			cad = GP_TAIL_CADENCE_MAX_NS / 2;
+		uint64_t floor = from + cad + (uint64_t)period_ms * 1000000ull, end = alive;
+		if (end < floor)
+			end = now < floor ? now : floor;
+		if (end <= from)
+			continue;
+		int64_t ns = end - from > (uint64_t)GP_TAIL_MAX_NS ? GP_TAIL_MAX_NS : (int64_t)(end - from);
 		atomic_fetch_sub(&r->budget[d].credit_ns, ns);
 		gp_log(GP_LOG_DEBUG, "slot %d ran up to %.0f ms on index %d that NVML did not report: charged to the "
 		       "container's SM budget", (int)(s - r->slots), (double)ns / 1e6, d);
@@ -376,7 +409,7 @@ static void settle_tail(struct gp_region *r, struct gp_slot *s)
 static void zero_slot(struct gp_region_handle *h, struct gp_slot *s)
 {
 	if (h->sm)
-		settle_tail(h->r, s);
+		settle_tail(h->r, s, h->sm_period_ms);
 	atomic_store(&s->id_owner, 0); /* first: the identity below is stale */
 	for (int d = 0; d < GP_MAX_DEV; d++)
 		atomic_store(&s->used[d], 0);

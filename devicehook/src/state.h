@@ -109,6 +109,10 @@ struct gp_region_handle {
 	uint64_t word;   /* the slot's owner word: pid-namespace tag and pid */
 	int shared;      /* backed by CUDA_DEVICE_MEMORY_SHARED_CACHE */
 	int sm;          /* the file has the container's SM state (region.c I10) */
+	/* Set by the caller before gp_region_open (region.c reads no globals:
+	 * the node agent's reader test builds it alone). */
+	int sm_limited;          /* an SM limit is set: grow an older-layout file (review M2) */
+	unsigned sm_period_ms;   /* the limiter's period: part of a reclaimed span's floor */
 };
 
 int gp_region_open(struct gp_region_handle *h, const char *path);
