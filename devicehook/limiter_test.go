@@ -158,7 +158,15 @@ func TestSMLimiterCoversEveryLaunchAPI(t *testing.T) {
 			})
 		}
 	}
-	if got := launchUtil(t, "kernel", 1.5, 0.5, env{}.hooked())[0]; got < 80 {
+	// The baseline needs a CPU to keep the fake device's queue full: on a
+	// loaded machine one short run can fall under 80 %; a second try is
+	// taken, as shares() does for the limited runs.
+	got := launchUtil(t, "kernel", 1.5, 0.5, env{}.hooked())[0]
+	if got < 80 {
+		t.Logf("unthrottled process used %.1f%% of an idle device; trying again", got)
+		got = launchUtil(t, "kernel", 1.5, 0.5, env{}.hooked())[0]
+	}
+	if got < 80 {
 		t.Errorf("unthrottled process used only %.1f%% of an idle device", got)
 	}
 }
