@@ -399,19 +399,7 @@ func TestJobSetControllerPreemptedThroughTheCheckpointProtocol(t *testing.T) {
 	}
 
 	trainer.setAnswer(true)
-	env.Eventually(t, 90*time.Second, "victim's preemption Done", func() (bool, string) {
-		st, _ := s.record(t, "low", "JobSet")
-		return st.Phase == ladder.PhaseDone, fmt.Sprintf("phase %q, %d pods left", st.Phase, len(s.pods(t, lowSel)))
-	})
-	done, _ := s.record(t, "low", "JobSet")
-	if done.LastConsistentStep == nil || *done.LastConsistentStep != consistentStep {
-		t.Errorf("consistent step %v, want %d", done.LastConsistentStep, consistentStep)
-	}
-	for rank, o := range done.Outcomes {
-		if o != ladder.OutcomeSaved {
-			t.Errorf("rank %s: %s, want %s", rank, o, ladder.OutcomeSaved)
-		}
-	}
+	done := s.waitVictimDone(t, "JobSet", lowSel, true)
 	var js jobset.JobSet
 	if err := env.Client.Get(env.Ctx, client.ObjectKey{Namespace: s.ns, Name: "low"}, &js); err != nil {
 		t.Fatal(err)
@@ -434,10 +422,7 @@ func TestJobSetControllerPreemptedThroughTheCheckpointProtocol(t *testing.T) {
 
 	// The preemptor is admitted once the victim's pods are gone, and lands
 	// on the freed GPUs.
-	hw := env.WaitForWorkloadOf(t, s.ns, "high", "JobSet", admitted)
-	if c := apimeta.FindStatusCondition(hw.Status.Conditions, kueue.WorkloadAdmitted); c != nil && c.LastTransitionTime.Time.Before(phaseTime(done, ladder.PhaseDone).Truncate(time.Second)) {
-		t.Errorf("preemptor admitted at %s, before the victim's pods were gone (%s)", c.LastTransitionTime, phaseTime(done, ladder.PhaseDone))
-	}
+	s.preemptorAdmittedAfter(t, "JobSet", done)
 	s.waitPinned(t, "high's 2 pods", highSel, 2)
 
 	// The preemptor leaves: the victim is re-admitted and its new pods
@@ -466,4 +451,39 @@ func TestJobSetControllerPreemptedThroughTheCheckpointProtocol(t *testing.T) {
 		w, _ := env.WorkloadOf(s.ns, "low", "JobSet")
 		return n == 2, strings.Join(notes, ", ") + "; " + framework.DescribeWorkload(w)
 	})
+}
+
+// waitVictimDone waits until the victim's ("low") preemption record of kind
+// is Done and checks that it names the consistent step; with allSaved, that
+// every rank's outcome is Saved too. It returns the record.
+func (s *controllerSuite) waitVictimDone(t *testing.T, kind string, sel client.MatchingLabels, allSaved bool) ladder.State {
+	t.Helper()
+	s.env.Eventually(t, 90*time.Second, "victim's preemption Done", func() (bool, string) {
+		st, _ := s.record(t, "low", kind)
+		return st.Phase == ladder.PhaseDone, fmt.Sprintf("phase %q, %d pods left", st.Phase, len(s.pods(t, sel)))
+	})
+	done, _ := s.record(t, "low", kind)
+	if done.LastConsistentStep == nil || *done.LastConsistentStep != consistentStep {
+		t.Errorf("consistent step %v, want %d", done.LastConsistentStep, consistentStep)
+	}
+	if allSaved {
+		for rank, o := range done.Outcomes {
+			if o != ladder.OutcomeSaved {
+				t.Errorf("rank %s: %s, want %s", rank, o, ladder.OutcomeSaved)
+			}
+		}
+	}
+	return done
+}
+
+// preemptorAdmittedAfter waits until the preemptor's ("high") Workload of
+// kind is admitted and checks it was not admitted before the victim's
+// preemption was Done (its pods gone).
+func (s *controllerSuite) preemptorAdmittedAfter(t *testing.T, kind string, done ladder.State) *kueue.Workload {
+	t.Helper()
+	hw := s.env.WaitForWorkloadOf(t, s.ns, "high", kind, admitted)
+	if c := apimeta.FindStatusCondition(hw.Status.Conditions, kueue.WorkloadAdmitted); c != nil && c.LastTransitionTime.Time.Before(phaseTime(done, ladder.PhaseDone).Truncate(time.Second)) {
+		t.Errorf("preemptor admitted at %s, before the victim's pods were gone (%s)", c.LastTransitionTime, phaseTime(done, ladder.PhaseDone))
+	}
+	return hw
 }

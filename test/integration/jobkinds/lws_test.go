@@ -7,19 +7,16 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
-	kueue "sigs.k8s.io/kueue/apis/kueue/v1beta2"
 	lws "sigs.k8s.io/lws/api/leaderworkerset/v1"
 
 	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
 	"github.com/gpupack/gpupack/flavors"
-	"github.com/gpupack/gpupack/preemption/ladder"
 	"github.com/gpupack/gpupack/preemption/owners"
 	"github.com/gpupack/gpupack/test/framework"
 	"github.com/gpupack/gpupack/webhooks"
@@ -107,24 +104,14 @@ func TestLWSControllerPreemptedThroughTheCheckpointProtocol(t *testing.T) {
 	env.MustCreate(t, fractionalLWS("high", s.ns, "high", 2, "50Gi"))
 	s.checkpointingHoldsPreemptor(t, "LeaderWorkerSet", lowSel)
 	trainer.setAnswer(true)
-	env.Eventually(t, 90*time.Second, "victim's preemption Done", func() (bool, string) {
-		st, _ := s.record(t, "low", "LeaderWorkerSet")
-		return st.Phase == ladder.PhaseDone, fmt.Sprintf("phase %q, %d pods left", st.Phase, len(s.pods(t, lowSel)))
-	})
-	done, _ := s.record(t, "low", "LeaderWorkerSet")
-	if done.LastConsistentStep == nil || *done.LastConsistentStep != consistentStep {
-		t.Errorf("consistent step %v, want %d", done.LastConsistentStep, consistentStep)
-	}
+	done := s.waitVictimDone(t, "LeaderWorkerSet", lowSel, false)
 	if err := env.Client.Get(env.Ctx, client.ObjectKey{Namespace: s.ns, Name: "low"}, &stored); err != nil {
 		t.Fatal(err)
 	}
 	if got := stored.Annotations[v1alpha1.AnnotationLastConsistentCheckpoint]; got != fmt.Sprint(consistentStep) {
 		t.Errorf("LWS %s = %q, want %d", v1alpha1.AnnotationLastConsistentCheckpoint, got, consistentStep)
 	}
-	hw := env.WaitForWorkloadOf(t, s.ns, "high", "LeaderWorkerSet", admitted)
-	if c := apimeta.FindStatusCondition(hw.Status.Conditions, kueue.WorkloadAdmitted); c != nil && c.LastTransitionTime.Time.Before(phaseTime(done, ladder.PhaseDone).Truncate(time.Second)) {
-		t.Errorf("preemptor admitted at %s, before the victim's pods were gone (%s)", c.LastTransitionTime, phaseTime(done, ladder.PhaseDone))
-	}
+	s.preemptorAdmittedAfter(t, "LeaderWorkerSet", done)
 	env.Eventually(t, 120*time.Second, "high's leader and worker running", func() (bool, string) {
 		n := 0
 		for _, p := range s.pods(t, highSel) {

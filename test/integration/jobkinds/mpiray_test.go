@@ -8,7 +8,6 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
-	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -123,19 +122,7 @@ func TestMPIOperatorPreemptedThroughTheCheckpointProtocol(t *testing.T) {
 	}
 
 	trainer.setAnswer(true)
-	env.Eventually(t, 90*time.Second, "victim's preemption Done", func() (bool, string) {
-		st, _ := s.record(t, "low", "MPIJob")
-		return st.Phase == ladder.PhaseDone, fmt.Sprintf("phase %q, %d workers left", st.Phase, len(s.pods(t, lowSel)))
-	})
-	done, _ := s.record(t, "low", "MPIJob")
-	if done.LastConsistentStep == nil || *done.LastConsistentStep != consistentStep {
-		t.Errorf("consistent step %v, want %d", done.LastConsistentStep, consistentStep)
-	}
-	for rank, o := range done.Outcomes {
-		if o != ladder.OutcomeSaved {
-			t.Errorf("rank %s: %s, want %s", rank, o, ladder.OutcomeSaved)
-		}
-	}
+	done := s.waitVictimDone(t, "MPIJob", lowSel, true)
 	var job mpi.MPIJob
 	if err := env.Client.Get(env.Ctx, client.ObjectKey{Namespace: s.ns, Name: "low"}, &job); err != nil {
 		t.Fatal(err)
@@ -144,10 +131,7 @@ func TestMPIOperatorPreemptedThroughTheCheckpointProtocol(t *testing.T) {
 		t.Errorf("MPIJob %s = %q, want %d", v1alpha1.AnnotationLastConsistentCheckpoint, got, consistentStep)
 	}
 
-	hw := env.WaitForWorkloadOf(t, s.ns, "high", "MPIJob", admitted)
-	if c := apimeta.FindStatusCondition(hw.Status.Conditions, kueue.WorkloadAdmitted); c != nil && c.LastTransitionTime.Time.Before(phaseTime(done, ladder.PhaseDone).Truncate(time.Second)) {
-		t.Errorf("preemptor admitted at %s, before the victim's workers were gone (%s)", c.LastTransitionTime, phaseTime(done, ladder.PhaseDone))
-	}
+	s.preemptorAdmittedAfter(t, "MPIJob", done)
 	s.waitPinned(t, "high's 2 workers", highSel, 2)
 
 	// The preemptor leaves: the victim is re-admitted, and the workers the
@@ -298,19 +282,7 @@ func TestKubeRayRayJobPreemptedThroughTheCheckpointProtocol(t *testing.T) {
 	}
 
 	trainer.setAnswer(true)
-	env.Eventually(t, 90*time.Second, "victim's preemption Done", func() (bool, string) {
-		st, _ := s.record(t, "low", "RayJob")
-		return st.Phase == ladder.PhaseDone, fmt.Sprintf("phase %q, %d pods left", st.Phase, len(s.pods(t, lowSel)))
-	})
-	done, _ := s.record(t, "low", "RayJob")
-	if done.LastConsistentStep == nil || *done.LastConsistentStep != consistentStep {
-		t.Errorf("consistent step %v, want %d", done.LastConsistentStep, consistentStep)
-	}
-	for rank, o := range done.Outcomes {
-		if o != ladder.OutcomeSaved {
-			t.Errorf("rank %s: %s, want %s", rank, o, ladder.OutcomeSaved)
-		}
-	}
+	done := s.waitVictimDone(t, "RayJob", lowSel, true)
 	var job ray.RayJob
 	if err := env.Client.Get(env.Ctx, client.ObjectKey{Namespace: s.ns, Name: "low"}, &job); err != nil {
 		t.Fatal(err)
@@ -319,10 +291,7 @@ func TestKubeRayRayJobPreemptedThroughTheCheckpointProtocol(t *testing.T) {
 		t.Errorf("RayJob %s = %q, want %d", v1alpha1.AnnotationLastConsistentCheckpoint, got, consistentStep)
 	}
 
-	hw := env.WaitForWorkloadOf(t, s.ns, "high", "RayJob", admitted)
-	if c := apimeta.FindStatusCondition(hw.Status.Conditions, kueue.WorkloadAdmitted); c != nil && c.LastTransitionTime.Time.Before(phaseTime(done, ladder.PhaseDone).Truncate(time.Second)) {
-		t.Errorf("preemptor admitted at %s, before the victim's pods were gone (%s)", c.LastTransitionTime, phaseTime(done, ladder.PhaseDone))
-	}
+	s.preemptorAdmittedAfter(t, "RayJob", done)
 	for _, p := range s.waitPinned(t, "high's head and 2 workers", highSel, 3) {
 		s.boundToPodSet(t, p, map[string]string{"head": "head", "worker": "gpu"}[p.Labels["ray.io/node-type"]])
 	}
@@ -394,14 +363,7 @@ func TestKubeRayRayClusterPreemptedThroughTheCheckpointProtocol(t *testing.T) {
 	env.MustCreate(t, fractionalRayCluster("high", s.ns, "high", 2, "10Gi", "50Gi", false))
 	s.checkpointingHoldsPreemptor(t, "RayCluster", lowSel)
 	trainer.setAnswer(true)
-	env.Eventually(t, 90*time.Second, "victim's preemption Done", func() (bool, string) {
-		st, _ := s.record(t, "low", "RayCluster")
-		return st.Phase == ladder.PhaseDone, fmt.Sprintf("phase %q, %d pods left", st.Phase, len(s.pods(t, lowSel)))
-	})
-	done, _ := s.record(t, "low", "RayCluster")
-	if done.LastConsistentStep == nil || *done.LastConsistentStep != consistentStep {
-		t.Errorf("consistent step %v, want %d", done.LastConsistentStep, consistentStep)
-	}
+	done := s.waitVictimDone(t, "RayCluster", lowSel, false)
 	var rc ray.RayCluster
 	if err := env.Client.Get(env.Ctx, client.ObjectKey{Namespace: s.ns, Name: "low"}, &rc); err != nil {
 		t.Fatal(err)
@@ -409,10 +371,7 @@ func TestKubeRayRayClusterPreemptedThroughTheCheckpointProtocol(t *testing.T) {
 	if got := rc.Annotations[v1alpha1.AnnotationLastConsistentCheckpoint]; got != fmt.Sprint(consistentStep) {
 		t.Errorf("RayCluster %s = %q, want %d", v1alpha1.AnnotationLastConsistentCheckpoint, got, consistentStep)
 	}
-	hw := env.WaitForWorkloadOf(t, s.ns, "high", "RayCluster", admitted)
-	if c := apimeta.FindStatusCondition(hw.Status.Conditions, kueue.WorkloadAdmitted); c != nil && c.LastTransitionTime.Time.Before(phaseTime(done, ladder.PhaseDone).Truncate(time.Second)) {
-		t.Errorf("preemptor admitted at %s, before the victim's pods were gone (%s)", c.LastTransitionTime, phaseTime(done, ladder.PhaseDone))
-	}
+	s.preemptorAdmittedAfter(t, "RayCluster", done)
 	for _, p := range s.waitPinned(t, "high's head and 2 workers", highSel, 3) {
 		s.boundToPodSet(t, p, podSetOf[p.Labels["ray.io/node-type"]])
 	}

@@ -12,7 +12,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -336,29 +335,14 @@ func testTrainJobController(t *testing.T, opts framework.Options) *controllerSui
 	}
 
 	fake.setAnswer(true)
-	env.Eventually(t, 90*time.Second, "victim's preemption Done", func() (bool, string) {
-		st, _ := s.record(t, "low", "TrainJob")
-		return st.Phase == ladder.PhaseDone, fmt.Sprintf("phase %q, %d pods left", st.Phase, len(s.pods(t, lowSel)))
-	})
-	done, _ := s.record(t, "low", "TrainJob")
-	if done.LastConsistentStep == nil || *done.LastConsistentStep != consistentStep {
-		t.Errorf("consistent step %v, want %d", done.LastConsistentStep, consistentStep)
-	}
-	for rank, o := range done.Outcomes {
-		if o != ladder.OutcomeSaved {
-			t.Errorf("rank %s: %s, want %s", rank, o, ladder.OutcomeSaved)
-		}
-	}
+	done := s.waitVictimDone(t, "TrainJob", lowSel, true)
 	if got := getTrainJob(t, env, s.ns, "low").Annotations[v1alpha1.AnnotationLastConsistentCheckpoint]; got != fmt.Sprint(consistentStep) {
 		t.Errorf("TrainJob %s = %q, want %d", v1alpha1.AnnotationLastConsistentCheckpoint, got, consistentStep)
 	}
 
 	// The preemptor is admitted once the victim's pods are gone, and lands
 	// on the freed GPUs.
-	hw = env.WaitForWorkloadOf(t, s.ns, "high", "TrainJob", admitted)
-	if c := apimeta.FindStatusCondition(hw.Status.Conditions, kueue.WorkloadAdmitted); c != nil && c.LastTransitionTime.Time.Before(phaseTime(done, ladder.PhaseDone).Truncate(time.Second)) {
-		t.Errorf("preemptor admitted at %s, before the victim's pods were gone (%s)", c.LastTransitionTime, phaseTime(done, ladder.PhaseDone))
-	}
+	hw = s.preemptorAdmittedAfter(t, "TrainJob", done)
 	// Its pods are a fixed point (no checkpointing): the JobSet and Job
 	// webhooks on the way down mark the templates they come from.
 	for _, p := range s.waitPinned(t, "high's 2 pods", highSel, 2) {
