@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -221,21 +222,33 @@ func statefulSetEntryHolds(mwc *admissionregistrationv1.MutatingWebhookConfigura
 	if want == nil || have == nil || pod == nil {
 		return false
 	}
-	port := func(s *admissionregistrationv1.ServiceReference) int32 {
-		if s.Port == nil {
-			return 443
-		}
-		return *s.Port
-	}
-	hs, ps := have.ClientConfig.Service, pod.ClientConfig.Service
 	return have.FailurePolicy != nil && *have.FailurePolicy == admissionregistrationv1.Fail &&
 		(have.MatchPolicy == nil || *have.MatchPolicy == admissionregistrationv1.Equivalent) &&
 		equality.Semantic.DeepEqual(want.Rules, have.Rules) &&
 		equality.Semantic.DeepEqual(want.MatchConditions, have.MatchConditions) &&
 		equality.Semantic.DeepEqual(pod.NamespaceSelector, have.NamespaceSelector) &&
 		(have.ObjectSelector == nil || (len(have.ObjectSelector.MatchLabels) == 0 && len(have.ObjectSelector.MatchExpressions) == 0)) &&
-		have.ClientConfig.URL == nil && hs != nil && ps != nil && hs.Namespace == ps.Namespace && hs.Name == ps.Name && port(hs) == port(ps) &&
-		hs.Path != nil && want.ClientConfig.Service.Path != nil && *hs.Path == *want.ClientConfig.Service.Path
+		sameServer(have.ClientConfig, pod.ClientConfig, *want.ClientConfig.Service.Path, PathMutatePod)
+}
+
+// sameServer: entry cc calls the server that pod (the pod entry, at
+// podPath) calls, at path: the same Service (namespace, name, port), or
+// the same URL but for the path.
+func sameServer(cc, pod admissionregistrationv1.WebhookClientConfig, path, podPath string) bool {
+	switch hs, ps := cc.Service, pod.Service; {
+	case hs != nil && ps != nil && cc.URL == nil && pod.URL == nil:
+		port := func(s *admissionregistrationv1.ServiceReference) int32 {
+			if s.Port == nil {
+				return 443
+			}
+			return *s.Port
+		}
+		return hs.Namespace == ps.Namespace && hs.Name == ps.Name && port(hs) == port(ps) && hs.Path != nil && *hs.Path == path
+	case hs == nil && ps == nil && cc.URL != nil && pod.URL != nil:
+		base, ok := strings.CutSuffix(*pod.URL, podPath)
+		return ok && *cc.URL == base+path
+	}
+	return false
 }
 
 // WithFastPath returns o with TemplateFingerprint set to cfg's, as the

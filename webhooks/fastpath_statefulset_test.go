@@ -125,6 +125,19 @@ func TestSyncFastPathStatefulSetEntry(t *testing.T) {
 		}
 		return mwc
 	}
+	byURL := func(podBase, stsBase string) *admissionregistrationv1.MutatingWebhookConfiguration {
+		mwc := installed(nil)
+		for i := range mwc.Webhooks {
+			w := &mwc.Webhooks[i]
+			base := podBase
+			if w.Name != PodMutatingWebhookName {
+				base = stsBase
+			}
+			u := base + *w.ClientConfig.Service.Path
+			w.ClientConfig.Service, w.ClientConfig.URL = nil, &u
+		}
+		return mwc
+	}
 	ignore := admissionregistrationv1.Ignore
 	exact := admissionregistrationv1.Exact
 	for _, tc := range []struct {
@@ -159,9 +172,11 @@ func TestSyncFastPathStatefulSetEntry(t *testing.T) {
 			w.MatchConditions = []admissionregistrationv1.MatchCondition{{Name: "never", Expression: "false"}}
 		}), false},
 		{"another service", installed(func(w *admissionregistrationv1.MutatingWebhook) { w.ClientConfig.Service.Name = "elsewhere" }), false},
-		{"a URL", installed(func(w *admissionregistrationv1.MutatingWebhook) {
+		{"a URL while the pod entry has a Service", installed(func(w *admissionregistrationv1.MutatingWebhook) {
 			w.ClientConfig.Service, w.ClientConfig.URL = nil, ptr.To("https://example.com/mutate")
 		}), false},
+		{"both by URL, one server", byURL("https://gpupack.example:9443", "https://gpupack.example:9443"), true},
+		{"both by URL, another server", byURL("https://gpupack.example:9443", "https://elsewhere.example:9443"), false},
 		{"another path", installed(func(w *admissionregistrationv1.MutatingWebhook) { w.ClientConfig.Service.Path = ptr.To("/allow") }), false},
 	} {
 		SyncFastPath(tc.mwc, o)
