@@ -82,6 +82,10 @@ func TestLWSReplicasGetTheirOwnSlots(t *testing.T) {
 	before := podMutations(t)
 	set := fractionalLWS("multi", s.ns, "low", 2, "40Gi")
 	set.Spec.Replicas = ptr.To[int32](2)
+	// Not checkpointing: a checkpointing pod needs the pod webhook's
+	// wrapping, so its template is never marked (lws_test.go has those).
+	delete(set.Spec.LeaderWorkerTemplate.WorkerTemplate.Annotations, v1alpha1.AnnotationCheckpoint)
+	delete(set.Spec.LeaderWorkerTemplate.WorkerTemplate.Annotations, v1alpha1.AnnotationCheckpointTimeout)
 	leader := set.Spec.LeaderWorkerTemplate.WorkerTemplate.DeepCopy()
 	leader.Annotations = map[string]string{v1alpha1.AnnotationGPUMemory: "20Gi"}
 	res := corev1.ResourceList{v1alpha1.ResourceNvidiaGPU: resource.MustParse("1")}
