@@ -2,6 +2,7 @@ package webhooks
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
@@ -10,6 +11,7 @@ import (
 	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
 	"github.com/gpupack/gpupack/webhooks/gpureq"
 	"github.com/gpupack/gpupack/webhooks/mutation"
+	"github.com/gpupack/gpupack/webhooks/placement"
 )
 
 // ServeOptions name the Service that fronts the manager's webhook server.
@@ -45,6 +47,20 @@ type ServeOptions struct {
 	// manager keeps the installed configuration in step with its own
 	// (SetupFastPath); a stale value only sends pods the slow way.
 	TemplateFingerprint string
+	// StatefulSetPodCreators are the users that create a StatefulSet's
+	// pods (kube-controller-manager's StatefulSet controller). With the
+	// StatefulSet kind in JobKinds, their pods made from an injected
+	// StatefulSet template skip the pod webhook too — but only while the
+	// installed StatefulSet entry holds (SyncFastPath, statefulSetEntryHolds)
+	// and under the epoch that the manager renews after any period in
+	// which it did not (docs/webhooks.md#lws-pods-on-the-fast-path).
+	// Empty: every StatefulSet pod meets the pod webhook.
+	StatefulSetPodCreators []string
+
+	// fastPathEpoch and fingerprintAt (WithFastPath of a Config with an
+	// epoch): SetupFastPath renews the epoch and writes the marker of it.
+	fastPathEpoch *mutation.FastPathEpoch
+	fingerprintAt func(epoch []byte) string
 	// JobKinds get webhook entries besides Pod, Job and PyTorchJob (of
 	// AllJobKinds). The static manifests have only StatefulSet's, and only
 	// where the LWS or StatefulSet integration is enabled; the manager adds
@@ -62,6 +78,13 @@ var DefaultTemplatePodCreators = []string{
 	"system:serviceaccount:kubeflow:training-operator",
 }
 
+// DefaultStatefulSetPodCreators: kube-controller-manager's StatefulSet
+// controller, with and without --use-service-account-credentials.
+var DefaultStatefulSetPodCreators = []string{
+	"system:serviceaccount:kube-system:statefulset-controller",
+	"system:kube-controller-manager",
+}
+
 // CheckTemplatePodCreators: every user whose template pods skip the pod
 // webhook (TemplatePodCreators, --template-pod-creators) must be one the
 // unmanaged-GPU policy trusts to create objects for their owner
@@ -69,6 +92,16 @@ var DefaultTemplatePodCreators = []string{
 // skips the creation check of gpupack.io/plan (CheckPlanCreator), which
 // only those controllers pass (issue 14 finding 6, round 2).
 func CheckTemplatePodCreators(creators, ownerControllers []string) error {
+	return checkPodCreators("--template-pod-creators", creators, ownerControllers)
+}
+
+// CheckStatefulSetPodCreators is CheckTemplatePodCreators for
+// --statefulset-pod-creators.
+func CheckStatefulSetPodCreators(creators, ownerControllers []string) error {
+	return checkPodCreators("--statefulset-pod-creators", creators, ownerControllers)
+}
+
+func checkPodCreators(flag string, creators, ownerControllers []string) error {
 	trusted := map[string]bool{}
 	for _, u := range ownerControllers {
 		trusted[u] = true
@@ -80,7 +113,7 @@ func CheckTemplatePodCreators(creators, ownerControllers []string) error {
 		}
 	}
 	if len(extra) > 0 {
-		return fmt.Errorf("--template-pod-creators names %s, not in the configuration's unmanagedGPUs.ownerControllers: their pods would skip the pod webhook's check of who may create a pod carrying %s; add them to ownerControllers or drop them from --template-pod-creators", strings.Join(extra, ", "), v1alpha1.AnnotationPlan)
+		return fmt.Errorf("%s names %s, not in the configuration's unmanagedGPUs.ownerControllers: their pods would skip the pod webhook's check of who may create a pod carrying %s; add them to ownerControllers or drop them from %s", flag, strings.Join(extra, ", "), v1alpha1.AnnotationPlan, flag)
 	}
 	return nil
 }
@@ -94,7 +127,8 @@ func DefaultServeOptions() ServeOptions {
 		ValidatingName: "gpupack-validating-webhook-configuration",
 		TimeoutSeconds: 10,
 
-		TemplatePodCreators: DefaultTemplatePodCreators,
+		TemplatePodCreators:    DefaultTemplatePodCreators,
+		StatefulSetPodCreators: DefaultStatefulSetPodCreators,
 	}
 }
 
@@ -210,28 +244,67 @@ const FastPathConditionName = "gpu-pod-not-from-an-injected-template"
 // fast-path pod never pays for the GPU test, and a tenant's pod stops at
 // the user name. Cheap terms come first.
 func FastPathCondition(creators []string, fingerprint string) admissionregistrationv1.MatchCondition {
+	return fastPathCondition(creators, nil, fingerprint)
+}
+
+// fastPathCondition is FastPathCondition, and with statefulSetCreators
+// also skips a pod that one of them creates for its apps/v1 StatefulSet
+// from a template carrying the current marker, that carries Kueue's
+// pod-suspending-parent (Kueue's LWS or StatefulSet webhook wrote it into
+// the template: Kueue's pod integration takes the pod), the placement gate
+// (such a pod gets its plan only when Kueue admits it) and no plan.
+func fastPathCondition(creators, statefulSetCreators []string, fingerprint string) admissionregistrationv1.MatchCondition {
 	ann := "object.metadata.annotations"
-	fast := strings.Join([]string{
+	marker := fmt.Sprintf("has(%[1]s) && '%[2]s' in %[1]s && %[1]s['%[2]s'] == '%[3]s'", ann, v1alpha1.AnnotationInjected, fingerprint)
+	noCheckpoint := fmt.Sprintf("!(%s.exists(k, k in %s))", celList([]string{v1alpha1.AnnotationCheckpoint, v1alpha1.AnnotationLastConsistentCheckpoint}), ann)
+	gated := fmt.Sprintf("has(object.spec.schedulingGates) && object.spec.schedulingGates.exists(g, g.name == '%s')", v1alpha1.SchedulingGatePlacement)
+	// A planned pod must already be gated; a fractional pod must be
+	// planned (the pod webhook denies one that cannot get a plan).
+	planRule := fmt.Sprintf("(('%s' in %s) ? (%s) : !(has(object.spec.containers) && %s))",
+		v1alpha1.AnnotationPlan, ann, gated, containersAsk("object.spec.containers", []string{v1alpha1.ResourceVGPU}))
+	controlledBy := func(kinds string) string {
+		return "has(object.metadata.ownerReferences) && object.metadata.ownerReferences.exists(r, has(r.controller) && r.controller && (" + kinds + "))"
+	}
+	job := strings.Join([]string{
 		"request.userInfo.username in " + celList(creators),
-		fmt.Sprintf("has(%[1]s) && '%[2]s' in %[1]s && %[1]s['%[2]s'] == '%[3]s'", ann, v1alpha1.AnnotationInjected, fingerprint),
-		fmt.Sprintf("!(%s.exists(k, k in %s))", celList([]string{v1alpha1.AnnotationCheckpoint, v1alpha1.AnnotationLastConsistentCheckpoint}), ann),
-		// A planned pod must already be gated; a fractional pod must be
-		// planned (the pod webhook denies one that cannot get a plan).
-		fmt.Sprintf("(('%s' in %s) ? (has(object.spec.schedulingGates) && object.spec.schedulingGates.exists(g, g.name == '%s')) : !(has(object.spec.containers) && %s))",
-			v1alpha1.AnnotationPlan, ann, v1alpha1.SchedulingGatePlacement, containersAsk("object.spec.containers", []string{v1alpha1.ResourceVGPU})),
-		"has(object.metadata.ownerReferences) && object.metadata.ownerReferences.exists(r, has(r.controller) && r.controller && " +
-			"((r.apiVersion == 'batch/v1' && r.kind == 'Job') || (r.apiVersion == 'kubeflow.org/v1' && r.kind == 'PyTorchJob')))",
+		marker, noCheckpoint, planRule,
+		controlledBy("(r.apiVersion == 'batch/v1' && r.kind == 'Job') || (r.apiVersion == 'kubeflow.org/v1' && r.kind == 'PyTorchJob')"),
 	}, " && ")
+	fast := job
+	if len(statefulSetCreators) > 0 {
+		sts := strings.Join([]string{
+			"request.userInfo.username in " + celList(statefulSetCreators),
+			marker, noCheckpoint,
+			fmt.Sprintf("!('%s' in %s)", v1alpha1.AnnotationPlan, ann),
+			fmt.Sprintf("'%s' in %s", placement.KueueSuspendingParent, ann),
+			gated,
+			controlledBy("r.apiVersion == 'apps/v1' && r.kind == 'StatefulSet'"),
+		}, " && ")
+		fast = fmt.Sprintf("(%s) || (%s)", job, sts)
+	}
 	return admissionregistrationv1.MatchCondition{
 		Name:       FastPathConditionName,
 		Expression: fmt.Sprintf("object != null && !(%s) && (%s)", fast, isGPU("Pod", "object")),
 	}
 }
 
-// podMutatingConditions are the pod mutating webhook's match conditions.
-func podMutatingConditions(o ServeOptions) []admissionregistrationv1.MatchCondition {
+// statefulSetFastPath: o renders the StatefulSet entries (the
+// StatefulSet kind, which the LWS integration needs: an LWS's pods are its
+// StatefulSets') and trusts StatefulSet pod creators, with a marker.
+func (o ServeOptions) statefulSetFastPath() bool {
+	return len(o.StatefulSetPodCreators) > 0 && o.TemplateFingerprint != "" && slices.Contains(o.JobKinds, KindStatefulSet)
+}
+
+// podMutatingConditions are the pod mutating webhook's match conditions;
+// statefulSets: with the StatefulSet clause (only where the StatefulSet
+// entry holds, SyncFastPath).
+func podMutatingConditions(o ServeOptions, statefulSets bool) []admissionregistrationv1.MatchCondition {
 	if len(o.TemplatePodCreators) > 0 && o.TemplateFingerprint != "" {
-		return []admissionregistrationv1.MatchCondition{FastPathCondition(o.TemplatePodCreators, o.TemplateFingerprint)}
+		var sts []string
+		if statefulSets && o.statefulSetFastPath() {
+			sts = o.StatefulSetPodCreators
+		}
+		return []admissionregistrationv1.MatchCondition{fastPathCondition(o.TemplatePodCreators, sts, o.TemplateFingerprint)}
 	}
 	return MatchConditions("Pod", false)
 }
@@ -306,7 +379,7 @@ func WebhookConfigurations(o ServeOptions) (*admissionregistrationv1.MutatingWeb
 		if t.kind == "Pod" {
 			// Another webhook may add containers or env after us.
 			reinvoke = &ifNeeded
-			conds = podMutatingConditions(o)
+			conds = podMutatingConditions(o, true)
 			mops = mops[:1]
 		}
 		mwc.Webhooks = append(mwc.Webhooks, admissionregistrationv1.MutatingWebhook{

@@ -344,13 +344,17 @@ func (h *kindMutator) unmanaged(ctx context.Context, req admission.Request, ts [
 		if err := h.kv.keepsManagement(ctx, req, obj, h.k.framework(), true); err != nil {
 			return err
 		}
-		// An update that adds GPUs to its templates, or changes its owner
-		// references, is judged as a creation by the one who makes it: a
-		// CPU StatefulSet under a tenant's queued pod would otherwise get
-		// GPUs later (third review, finding 2).
+		// An update that adds GPUs to its templates, changes its owner
+		// references or its queue label is judged as a creation by the one
+		// who makes it: a CPU StatefulSet under a tenant's queued pod would
+		// otherwise get GPUs later (third review, finding 2), and one that
+		// drops its own queue label would rest on an owner the creation
+		// check never let her use (review 18, finding 1: its marked
+		// template's pods skip the pod webhook, which would deny them).
 		old := &metav1.PartialObjectMetadata{}
 		_, oldTs, err := h.k.templates(req.OldObject.Raw)
-		if err != nil || json.Unmarshal(req.OldObject.Raw, old) != nil || (templatesAskGPU(oldTs) && equality.Semantic.DeepEqual(old.OwnerReferences, obj.OwnerReferences)) {
+		if err != nil || json.Unmarshal(req.OldObject.Raw, old) != nil || (templatesAskGPU(oldTs) && equality.Semantic.DeepEqual(old.OwnerReferences, obj.OwnerReferences) &&
+			old.Labels[mutation.LabelQueueName] == obj.Labels[mutation.LabelQueueName]) {
 			return nil
 		}
 	}

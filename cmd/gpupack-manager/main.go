@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
@@ -34,6 +35,7 @@ import (
 	"github.com/gpupack/gpupack/preemption"
 	"github.com/gpupack/gpupack/preemption/policy"
 	"github.com/gpupack/gpupack/webhooks"
+	"github.com/gpupack/gpupack/webhooks/mutation"
 	"github.com/gpupack/gpupack/webhooks/placement"
 )
 
@@ -63,6 +65,7 @@ func main() {
 		enableWebhooks = flag.Bool("enable-webhooks", true, "serve the fractional-GPU mutating/validating webhooks and run the placement ungater")
 		webhookConfig  = flag.String("webhook-config", "", "webhook configuration file (YAML; see docs/webhooks.md); empty = defaults")
 		unmanagedGPUs  = flag.String("unmanaged-gpus", "", "GPU pods and jobs Kueue will not manage: Deny (namespaces labelled gpupack.io/unmanaged-gpus=allow excepted) or Allow; empty = the webhook configuration's unmanagedGPUs.policy (default Deny)")
+		stsCreators    = flag.String("statefulset-pod-creators", strings.Join(webhooks.DefaultStatefulSetPodCreators, ","), "users whose pods made from a gpupack-injected StatefulSet template (LWS groups, with the StatefulSet kind in --job-kinds) skip the pod webhook while the StatefulSet entry holds (comma-separated; empty: every StatefulSet pod goes to the webhook)")
 		podCreators    = flag.String("template-pod-creators", strings.Join(webhooks.DefaultTemplatePodCreators, ","), "users whose pods made from a gpupack-injected Job/PyTorchJob template skip the pod webhook (comma-separated; empty: every GPU pod goes to the webhook)")
 		jobKinds       = flag.String("job-kinds", "auto", "job kinds besides Job and PyTorchJob whose webhook entries the manager keeps in its configurations: auto (those the cluster serves at start), all, none, or a comma-separated list of JobSet, LeaderWorkerSet, Deployment, StatefulSet, TrainJob, TrainingRuntime, ClusterTrainingRuntime, RayJob, RayCluster, MPIJob")
 		certMode       = flag.String("cert-management", "internal", "webhook certificates: internal (cert-controller rotates them and injects the CA) or external (cert-manager or files in --cert-dir)")
@@ -159,6 +162,20 @@ func main() {
 			log.Error(err, "reading the fast-path salt", "secret", *namespace+"/"+webhooks.FastPathSecretName)
 			os.Exit(1)
 		}
+		// The epoch (renewed by the leader's fast-path reconciler whenever
+		// the configuration was changed by someone else) is followed by
+		// every replica; until the leader made one, the salt's marker.
+		cfg.FastPathEpoch = &mutation.FastPathEpoch{}
+		if e, err := webhooks.ReadFastPathEpoch(context.Background(), direct, *namespace); err != nil {
+			log.Error(err, "reading the fast-path epoch", "secret", *namespace+"/"+webhooks.FastPathSecretName)
+			os.Exit(1)
+		} else {
+			cfg.FastPathEpoch.Set(e)
+		}
+		if err := webhooks.RefreshFastPathEpoch(mgr, *namespace, cfg.FastPathEpoch, 5*time.Second); err != nil {
+			log.Error(err, "following the fast-path epoch")
+			os.Exit(1)
+		}
 		serve, err := webhooks.DefaultServeOptions().WithFastPath(cfg)
 		if err != nil {
 			log.Error(err, "webhook configuration")
@@ -171,15 +188,27 @@ func main() {
 				serve.TemplatePodCreators = append(serve.TemplatePodCreators, u)
 			}
 		}
+		serve.StatefulSetPodCreators = nil
+		for _, u := range strings.Split(*stsCreators, ",") {
+			if u = strings.TrimSpace(u); u != "" {
+				serve.StatefulSetPodCreators = append(serve.StatefulSetPodCreators, u)
+			}
+		}
 		if err := webhooks.CheckTemplatePodCreators(serve.TemplatePodCreators, cfg.UnmanagedGPUs.OwnerControllers); err != nil {
 			log.Error(err, "--template-pod-creators")
 			os.Exit(1)
 		}
+		if err := webhooks.CheckStatefulSetPodCreators(serve.StatefulSetPodCreators, cfg.UnmanagedGPUs.OwnerControllers); err != nil {
+			log.Error(err, "--statefulset-pod-creators")
+			os.Exit(1)
+		}
+		// The fast path's StatefulSet clause needs the kinds (the
+		// StatefulSet entry it checks).
+		serve.JobKinds = cfg.JobKinds
 		if err := webhooks.SetupFastPath(mgr, serve); err != nil {
 			log.Error(err, "setting up the pod webhook's fast path")
 			os.Exit(1)
 		}
-		serve.JobKinds = cfg.JobKinds
 		log.Info("job kinds with webhook entries", "kinds", serve.JobKinds)
 		if err := webhooks.SetupJobKinds(mgr, serve); err != nil {
 			log.Error(err, "setting up the job kinds' webhook entries")

@@ -17,7 +17,10 @@ func TestMain_JobKindExamples(t *testing.T) {
 		want    []string // in the output
 	}{
 		{"jobset-fractional", []string{`gpupack.io/gpu-memory: "20480"`, `gpupack.io/gpu-cores: "30"`, "gpupack.io/injected: "}},
-		{"lws-inference", []string{`gpupack.io/gpu-memory: "30720"`, "gpupack.io/injected: "}},
+		// No marker with the defaults: Kueue's pod integration is off, so
+		// the pod webhook would refuse the LWS's fractional pods (with it
+		// on, TestMain_LWSWithPodIntegration).
+		{"lws-inference", []string{`gpupack.io/gpu-memory: "30720"`}},
 		{"deployment-inference", []string{`gpupack.io/gpu-memory: "17976"`, `gpupack.io/vgpu: "1"`}},
 		{"trainjob-fractional", []string{`gpupack.io/gpu-memory: "20480"`, "gpupack.io/injected: ", "kind: TrainJob"}},
 		{"rayjob-fractional", []string{`gpupack.io/gpu-memory: "16384"`, `gpupack.io/gpu-cores: "50"`, "gpupack.io/injected: "}},
@@ -78,5 +81,24 @@ func TestMain_JobKindExamples(t *testing.T) {
 	}
 	if code, _, stderr := run(t, "apiVersion: ray.io/v1\nkind: RayJob\nmetadata:\n  name: r\n  annotations:\n    nvidia.com/use-gputype: A100\nspec:\n  rayClusterSpec:\n    headGroupSpec:\n      template:\n        spec:\n          containers:\n          - name: h\n            resources:\n              limits:\n                nvidia.com/gpu: 1\n", "-f", "-"); code != ExitDenied || !strings.Contains(stderr, "rayClusterSpec.headGroupSpec.template: annotation nvidia.com/use-gputype") {
 		t.Errorf("RayJob with HAMi's type selection: exit %d, %s", code, stderr)
+	}
+}
+
+// With Kueue's pod integration on (as wherever LWS runs under Kueue), an
+// LWS's templates carry the placement gate and the marker: its pods, a
+// StatefulSet's, are pod groups that get their plan when Kueue admits them.
+func TestMain_LWSWithPodIntegration(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(cfg, []byte("kueue:\n  frameworks: [batch/job, kubeflow.org/pytorchjob, pod, statefulset, leaderworkerset.x-k8s.io/leaderworkerset]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, stdout, stderr := run(t, "", "-config", cfg, "-f", filepath.Join("..", "..", "manifests", "examples", "lws-inference.yaml"))
+	if code != ExitOK {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	for _, w := range []string{"gpupack.io/injected: ", "name: gpupack.io/placement"} {
+		if strings.Count(stdout, w) != 2 {
+			t.Errorf("output has %d × %q, want 2 (leader and worker templates):\n%s", strings.Count(stdout, w), w, stdout)
+		}
 	}
 }

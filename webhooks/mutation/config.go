@@ -103,6 +103,13 @@ type Config struct {
 	// Empty (gpupack mutate, tests): an unsalted marker, which only a
 	// manager with the same empty salt accepts.
 	FastPathSalt []byte `json:"-"`
+	// FastPathEpoch, when set, is mixed into Fingerprint too: the epoch
+	// the manager keeps in the same Secret and renews whenever objects may
+	// have been stored while gpupack did not see them (webhooks'
+	// fast-path reconciler), so a marker never repeats across such a
+	// period. Shared by every Mutator of one manager; nil or empty: the
+	// marker of the salt alone.
+	FastPathEpoch *FastPathEpoch `json:"-"`
 	// JobKinds are the job kinds with webhook entries besides Pod, Job and
 	// PyTorchJob (webhooks.ServeOptions.JobKinds). They are part of
 	// Fingerprint: enabling a kind sends the pods of every template marked

@@ -33,6 +33,11 @@ type Template struct {
 	// Defaults are the job-level annotations for this template (the
 	// object's, and for a JobSet the replicated Job template's on top).
 	Defaults map[string]string
+	// PodController is "StatefulSet" for a StatefulSet's and an LWS's
+	// templates: their pods are a StatefulSet's, which Kueue's pod
+	// integration takes. "" for a job's pods, and for a Deployment's
+	// (ReplicaSet pods have no fast path: every one meets the pod webhook).
+	PodController string
 }
 
 // JobSetTemplates are the pod templates of a JobSet: every
@@ -59,9 +64,9 @@ func LeaderWorkerSetTemplates(l *lws.LeaderWorkerSet) []Template {
 	var out []Template
 	lwt := &l.Spec.LeaderWorkerTemplate
 	if lwt.LeaderTemplate != nil {
-		out = append(out, Template{Where: "leaderWorkerTemplate.leaderTemplate", Path: "/spec/leaderWorkerTemplate/leaderTemplate", T: lwt.LeaderTemplate, Defaults: nonNil(l.Annotations)})
+		out = append(out, Template{Where: "leaderWorkerTemplate.leaderTemplate", Path: "/spec/leaderWorkerTemplate/leaderTemplate", T: lwt.LeaderTemplate, Defaults: nonNil(l.Annotations), PodController: "StatefulSet"})
 	}
-	return append(out, Template{Where: "leaderWorkerTemplate.workerTemplate", Path: "/spec/leaderWorkerTemplate/workerTemplate", T: &lwt.WorkerTemplate, Defaults: nonNil(l.Annotations)})
+	return append(out, Template{Where: "leaderWorkerTemplate.workerTemplate", Path: "/spec/leaderWorkerTemplate/workerTemplate", T: &lwt.WorkerTemplate, Defaults: nonNil(l.Annotations), PodController: "StatefulSet"})
 }
 
 // DeploymentTemplates is a Deployment's spec.template.
@@ -71,7 +76,7 @@ func DeploymentTemplates(d *appsv1.Deployment) []Template {
 
 // StatefulSetTemplates is a StatefulSet's spec.template.
 func StatefulSetTemplates(s *appsv1.StatefulSet) []Template {
-	return []Template{{Where: "pod template", Path: "/spec/template", T: &s.Spec.Template, Defaults: nonNil(s.Annotations)}}
+	return []Template{{Where: "pod template", Path: "/spec/template", T: &s.Spec.Template, Defaults: nonNil(s.Annotations), PodController: "StatefulSet"}}
 }
 
 // layered returns outer with inner's request groups on top: a group (memory,
@@ -108,7 +113,7 @@ func (m *Mutator) Templates(jobAnn map[string]string, ts []Template) ([]string, 
 			return warn, err
 		}
 		warn = append(warn, r.warn...)
-		w, err := m.injectTemplate(t.Where, t.Defaults, t.T, r.reqs)
+		w, err := m.injectTemplate(t.Where, t.Defaults, t.T, r.reqs, t.PodController)
 		warn = append(warn, w...)
 		if err != nil {
 			return warn, err
@@ -142,7 +147,7 @@ func (m *Mutator) ValidateTemplates(jobAnn map[string]string, ts []Template) err
 // placement gate and the injection marker follow Kueue's podSetUpdates.
 func (m *Mutator) SyncTemplates(ts []Template) {
 	for _, t := range ts {
-		m.SyncTemplate(t.Defaults, t.T)
+		m.syncTemplate(t.Defaults, t.T, t.PodController)
 	}
 }
 

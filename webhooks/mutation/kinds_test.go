@@ -1,6 +1,7 @@
 package mutation
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -85,6 +86,11 @@ func templatesByWhere(t *testing.T, obj any) map[string]*corev1.PodTemplateSpec 
 	return out
 }
 
+// podGroups: Kueue's pod integration on, as where LWS and StatefulSets run
+// under Kueue (their pods are pod groups); without it the pod webhook
+// refuses a fractional pod of theirs, so their templates get no marker.
+var podGroups = Config{Kueue: KueueConfig{Frameworks: append(slices.Clone(DefaultKueueFrameworks), "pod", "statefulset", "leaderworkerset.x-k8s.io/leaderworkerset")}}
+
 func TestJobKindConversion(t *testing.T) {
 	mem := map[string]string{v1alpha1.AnnotationGPUMemory: "20Gi"}
 	type want struct {
@@ -119,6 +125,7 @@ func TestJobKindConversion(t *testing.T) {
 		},
 		{
 			name: "LeaderWorkerSet: leader and worker templates",
+			cfg:  podGroups,
 			obj: makeLWS(mem, func() *corev1.PodTemplateSpec {
 				t := template(map[string]string{v1alpha1.AnnotationGPUMemory: "8Gi"}, makeCtr("leader").gpus("1").obj())
 				return &t
@@ -130,6 +137,7 @@ func TestJobKindConversion(t *testing.T) {
 		},
 		{
 			name: "LeaderWorkerSet without a leader template",
+			cfg:  podGroups,
 			obj:  makeLWS(mem, nil, template(nil, makeCtr("worker").gpus("1").obj())),
 			want: map[string]want{"leaderWorkerTemplate.workerTemplate": {limits: rl(vgpu, "1", gmem, "20480"), ann: mem}},
 		},
@@ -145,6 +153,7 @@ func TestJobKindConversion(t *testing.T) {
 		},
 		{
 			name: "StatefulSet",
+			cfg:  podGroups,
 			obj:  makeStatefulSet(mem, template(nil, makeCtr("srv").gpus("1").obj())),
 			want: map[string]want{"pod template": {limits: rl(vgpu, "1", gmem, "20480"), ann: mem}},
 		},
@@ -404,7 +413,7 @@ func TestJobKindValidateUnconverted(t *testing.T) {
 // a marked template is a fixed point of Pod.
 func TestJobKindMarkedTemplatePodsAreFixedPoints(t *testing.T) {
 	mem := map[string]string{v1alpha1.AnnotationGPUMemory: "10Gi", v1alpha1.AnnotationGPUCores: "40"}
-	for _, cfg := range []Config{{}, {Resources: ResourcesHAMi}} {
+	for _, cfg := range []Config{podGroups, {Resources: ResourcesHAMi}} {
 		m := mustNew(t, cfg)
 		for _, obj := range []any{
 			makeJobSet(mem, rjob{name: "workers", t: onH100(template(nil, makeCtr("w").gpus("2").env(v1alpha1.EnvLDPreload, "/evil.so").obj(), makeCtr("log").limit("cpu", "1").obj()))}),
@@ -425,8 +434,14 @@ func TestJobKindMarkedTemplatePodsAreFixedPoints(t *testing.T) {
 					t.Errorf("%s %T %s: marker %q, want %q", cfg.Resources, obj, where, got, m.Fingerprint())
 				}
 				p := podFrom(tm)
+				admit := m.Pod
+				if _, ok := obj.(*lws.LeaderWorkerSet); ok {
+					// A StatefulSet's pod, as the pod webhook admits it.
+					p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "StatefulSet", Name: "l", Controller: new(true)}}
+					admit = m.AdmitPod
+				}
 				before := p.DeepCopy()
-				warn, err := m.Pod(p, PodContext{})
+				warn, err := admit(p, PodContext{})
 				if err != nil || len(warn) > 0 || !equality.Semantic.DeepEqual(before.Spec, p.Spec) {
 					t.Errorf("%s %T %s: pod is not a fixed point: err %v warn %v\n%s", cfg.Resources, obj, where, err, warn, cmp.Diff(before.Spec, p.Spec))
 				}

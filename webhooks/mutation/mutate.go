@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -334,7 +335,7 @@ func (m *Mutator) PyTorchJob(j *kftraining.PyTorchJob) ([]string, error) {
 			return warn, err
 		}
 		warn = append(warn, r.warn...)
-		w, err := m.injectTemplate("replica "+rt, nonNil(j.Annotations), &rs.Template, r.reqs)
+		w, err := m.injectTemplate("replica "+rt, nonNil(j.Annotations), &rs.Template, r.reqs, "")
 		warn = append(warn, w...)
 		if err != nil {
 			return warn, err
@@ -360,7 +361,7 @@ func (m *Mutator) Job(j *batchv1.Job) ([]string, error) {
 	if err != nil {
 		return r.warn, err
 	}
-	w, err := m.injectTemplate("pod template", nonNil(j.Annotations), &j.Spec.Template, r.reqs)
+	w, err := m.injectTemplate("pod template", nonNil(j.Annotations), &j.Spec.Template, r.reqs, "")
 	warn := append(r.warn, w...)
 	if err != nil {
 		return warn, err
@@ -544,7 +545,7 @@ func (m *Mutator) stripVisibleDevices(c *corev1.Container) ([]string, error) {
 // the job — not the controller that later creates its pods, where a warning
 // is lost and a denial leaves the job without pods for ever — and so pods
 // made from the template arrive complete (SyncTemplate).
-func (m *Mutator) injectTemplate(where string, jobAnn map[string]string, t *corev1.PodTemplateSpec, reqs []gpureq.Request) ([]string, error) {
+func (m *Mutator) injectTemplate(where string, jobAnn map[string]string, t *corev1.PodTemplateSpec, reqs []gpureq.Request, podController string) ([]string, error) {
 	w, err := m.inject(&t.Spec, reqs)
 	warn := make([]string, 0, len(w))
 	for _, x := range w {
@@ -553,7 +554,7 @@ func (m *Mutator) injectTemplate(where string, jobAnn map[string]string, t *core
 	if err != nil {
 		return warn, fmt.Errorf("%s: %w", where, err)
 	}
-	m.SyncTemplate(jobAnn, t)
+	m.syncTemplate(jobAnn, t, podController)
 	return warn, nil
 }
 
@@ -568,16 +569,27 @@ func (m *Mutator) injectTemplate(where string, jobAnn map[string]string, t *core
 // marker, from a trusted controller, owned by a Job or PyTorchJob
 // (webhooks.FastPathCondition); every other pod is mutated as before.
 func (m *Mutator) SyncTemplate(jobAnn map[string]string, t *corev1.PodTemplateSpec) {
-	if _, ok := t.Annotations[v1alpha1.AnnotationPlan]; ok {
+	m.syncTemplate(jobAnn, t, "")
+}
+
+// syncTemplate is SyncTemplate for a template whose pods podController
+// ("StatefulSet", "ReplicaSet"; "" for a job's pods) controls. Pods of a
+// StatefulSet or ReplicaSet that Kueue's pod integration takes get their
+// plan only when Kueue admits them (an update of the pod), so the pod
+// webhook gates them at creation (placement.KueuePodIntegration): their
+// template carries the gate already, and is judged as such a pod, through
+// AdmitPod, as the pod webhook judges it.
+func (m *Mutator) syncTemplate(jobAnn map[string]string, t *corev1.PodTemplateSpec, podController string) {
+	if m.templateGated(t, podController) {
 		addGate(&t.Spec, v1alpha1.SchedulingGatePlacement)
 	} else {
 		removeGate(&t.Spec, v1alpha1.SchedulingGatePlacement)
 	}
-	if m.podReady(jobAnn, t) {
+	if m.podReady(jobAnn, t, podController) {
 		if t.Annotations == nil {
 			t.Annotations = map[string]string{}
 		}
-		t.Annotations[v1alpha1.AnnotationInjected] = m.fingerprint
+		t.Annotations[v1alpha1.AnnotationInjected] = m.Fingerprint()
 	} else if _, ok := t.Annotations[v1alpha1.AnnotationInjected]; ok {
 		delete(t.Annotations, v1alpha1.AnnotationInjected)
 		if len(t.Annotations) == 0 {
@@ -586,19 +598,58 @@ func (m *Mutator) SyncTemplate(jobAnn map[string]string, t *corev1.PodTemplateSp
 	}
 }
 
+// templateGated: pods made from t need the placement gate at creation —
+// t carries a plan, or (a StatefulSet's pods) the pod webhook would gate
+// such a pod (AdmitPod: Kueue's pod integration gives it a plan later).
+func (m *Mutator) templateGated(t *corev1.PodTemplateSpec, podController string) bool {
+	if _, planned := t.Annotations[v1alpha1.AnnotationPlan]; planned {
+		return true
+	}
+	if podController == "" {
+		return false
+	}
+	p := probePod(t, podController)
+	removeGate(&p.Spec, v1alpha1.SchedulingGatePlacement)
+	if _, err := m.AdmitPod(p, PodContext{}); err != nil {
+		return false
+	}
+	for _, g := range p.Spec.SchedulingGates {
+		if g.Name == v1alpha1.SchedulingGatePlacement {
+			return true
+		}
+	}
+	return false
+}
+
+// probePod is a pod as podController ("" for none) makes it from t.
+func probePod(t *corev1.PodTemplateSpec, podController string) *corev1.Pod {
+	p := &corev1.Pod{ObjectMeta: *t.ObjectMeta.DeepCopy(), Spec: *t.Spec.DeepCopy()}
+	if podController != "" {
+		yes := true
+		p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: podController, Name: "probe", UID: "probe", Controller: &yes}}
+	}
+	return p
+}
+
 // podReady reports whether a pod made from t needs nothing from the pod
-// webhook: Pod leaves it unchanged, without a warning or a denial.
-func (m *Mutator) podReady(jobAnn map[string]string, t *corev1.PodTemplateSpec) bool {
+// webhook: Pod leaves it unchanged, without a warning or a denial (for a
+// StatefulSet's or ReplicaSet's pod, AdmitPod: such pods skip the pod
+// webhook only as a whole, with the gate, webhooks.FastPathCondition).
+func (m *Mutator) podReady(jobAnn map[string]string, t *corev1.PodTemplateSpec, podController string) bool {
 	for _, ann := range []map[string]string{jobAnn, t.Annotations} {
 		if hasAny(ann, []string{v1alpha1.AnnotationCheckpoint, v1alpha1.AnnotationLastConsistentCheckpoint}) {
 			return false
 		}
 	}
-	p := &corev1.Pod{ObjectMeta: *t.ObjectMeta.DeepCopy(), Spec: *t.Spec.DeepCopy()}
-	if r, err := m.template("pod", nil, &corev1.PodTemplateSpec{ObjectMeta: p.ObjectMeta, Spec: *p.Spec.DeepCopy()}); err != nil || !r.anyGPU {
+	p := probePod(t, podController)
+	if r, err := m.template("pod", nil, &corev1.PodTemplateSpec{ObjectMeta: *p.ObjectMeta.DeepCopy(), Spec: *p.Spec.DeepCopy()}); err != nil || !r.anyGPU {
 		return false // a CPU-only template's pods never reach the pod webhook
 	}
-	warn, err := m.Pod(p, PodContext{})
+	admit := m.Pod
+	if podController != "" {
+		admit = m.AdmitPod
+	}
+	warn, err := admit(p, PodContext{})
 	return err == nil && len(warn) == 0 && equality.Semantic.DeepEqual(p.Spec, t.Spec)
 }
 
@@ -625,7 +676,39 @@ func (m *Mutator) SyncPyTorchJob(j *kftraining.PyTorchJob) {
 // changed configuration, a newly enabled kind or a release that injects
 // differently sends pods of older templates through the webhook, and no
 // one without the salt can compute it in advance.
-func (m *Mutator) Fingerprint() string { return m.fingerprint }
+// With an epoch (Config.FastPathEpoch) the current epoch is mixed in.
+func (m *Mutator) Fingerprint() string { return m.FingerprintAt(m.cfg.FastPathEpoch.Get()) }
+
+// FingerprintAt is Fingerprint under epoch e (none: the salt's alone).
+func (m *Mutator) FingerprintAt(e []byte) string {
+	if len(e) == 0 {
+		return m.fingerprint
+	}
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\nepoch %d %x\n", m.fingerprint, len(e), e)
+	return hex.EncodeToString(h.Sum(nil))[:16]
+}
+
+// FastPathEpoch holds the current fast-path epoch (Config.FastPathEpoch);
+// safe for concurrent use. The zero value and nil hold none.
+type FastPathEpoch struct{ v atomic.Pointer[[]byte] }
+
+// Set makes e the current epoch.
+func (x *FastPathEpoch) Set(e []byte) {
+	c := slices.Clone(e)
+	x.v.Store(&c)
+}
+
+// Get returns the current epoch (nil: none).
+func (x *FastPathEpoch) Get() []byte {
+	if x == nil {
+		return nil
+	}
+	if p := x.v.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
 
 // injectionVersion changes whenever the rules a pod must meet change
 // without changing the probe's mutation (2: every container covered, hook

@@ -67,6 +67,16 @@ func startCluster(t *testing.T) *cluster { return startClusterWith(t, nil) }
 // (webhooks.ServeOptions.JobKinds).
 func startClusterWith(t *testing.T, jobKinds []string) *cluster {
 	t.Helper()
+	serve := webhooks.DefaultServeOptions()
+	serve.JobKinds = jobKinds
+	return startClusterServing(t, serve, func(_ *framework.Env, mgr ctrl.Manager) error { return webhooks.Setup(mgr, webhooks.Config{}) })
+}
+
+// startClusterServing is startClusterWith with the manager's setup and the
+// installed configurations (WebhookConfigurations(serve), as shipped)
+// chosen by the test; setup runs before the configurations are installed.
+func startClusterServing(t *testing.T, serve webhooks.ServeOptions, setup func(env *framework.Env, mgr ctrl.Manager) error) *cluster {
+	t.Helper()
 	env := framework.Start(t, framework.Options{NoKueue: true})
 	c := &cluster{env: env}
 	// The shipped RBAC and policies, as written (no kustomize needed: the
@@ -79,9 +89,7 @@ func startClusterWith(t *testing.T, jobKinds []string) *cluster {
 		}
 	}
 	opts := env.WebhookServer()
-	env.StartManager(t, func(mgr ctrl.Manager) error { return webhooks.Setup(mgr, webhooks.Config{}) }, opts)
-	serve := webhooks.DefaultServeOptions()
-	serve.JobKinds = jobKinds
+	env.StartManager(t, func(mgr ctrl.Manager) error { return setup(env, mgr) }, opts)
 	mwc, vwc := webhooks.WebhookConfigurations(serve)
 	env.InstallWebhooks(t, opts, mwc, vwc)
 

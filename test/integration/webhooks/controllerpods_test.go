@@ -116,7 +116,8 @@ func jobSetPod(j *batchv1.Job, name string) *corev1.Pod {
 // (v0.8.0) makes in ns for an LWS without a leader template: the worker
 // template with the LWS's labels and the group size, a controller
 // reference to the LWS.
-func lwsLeaderStatefulSet(l *lws.LeaderWorkerSet, ns string) *appsv1.StatefulSet {
+func lwsLeaderStatefulSet(t *testing.T, m *mutation.Mutator, l *lws.LeaderWorkerSet, ns string) *appsv1.StatefulSet {
+	t.Helper()
 	tmpl := l.Spec.LeaderWorkerTemplate.WorkerTemplate.DeepCopy()
 	labels := map[string]string{lws.SetNameLabelKey: l.Name, "leaderworkerset.sigs.k8s.io/template-revision-hash": "5c8d7f9b6"}
 	tmpl.Labels = maps.Clone(labels)
@@ -127,7 +128,7 @@ func lwsLeaderStatefulSet(l *lws.LeaderWorkerSet, ns string) *appsv1.StatefulSet
 	}
 	tmpl.Annotations[lws.SizeAnnotationKey] = strconv.Itoa(int(*l.Spec.LeaderWorkerTemplate.Size))
 	tmpl.Annotations[lws.ReplicasAnnotationKey] = strconv.Itoa(int(*l.Spec.Replicas))
-	return &appsv1.StatefulSet{
+	sts := &appsv1.StatefulSet{
 		ObjectMeta: metav1.ObjectMeta{Name: l.Name, Namespace: ns, Labels: labels,
 			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(l, lws.SchemeGroupVersion.WithKind("LeaderWorkerSet"))}},
 		Spec: appsv1.StatefulSetSpec{
@@ -138,6 +139,11 @@ func lwsLeaderStatefulSet(l *lws.LeaderWorkerSet, ns string) *appsv1.StatefulSet
 			Template:            *tmpl,
 		},
 	}
+	// As gpupack's StatefulSet webhook leaves it (the marker, the gate).
+	if _, err := m.StatefulSet(sts); err != nil {
+		t.Fatal(err)
+	}
+	return sts
 }
 
 // statefulSetPod is a pod the StatefulSet controller makes for sts: the
@@ -212,12 +218,28 @@ func benchLWS(t *testing.T, m *mutation.Mutator) *lws.LeaderWorkerSet {
 	return l
 }
 
+// podMatcherOf compiles o's pod mutating webhook conditions as the
+// apiserver does.
+func podMatcherOf(t *testing.T, o webhooks.ServeOptions) matchconditions.Matcher {
+	t.Helper()
+	mwc, _ := webhooks.WebhookConfigurations(o)
+	for i := range mwc.Webhooks {
+		if mwc.Webhooks[i].Name == webhooks.PodMutatingWebhookName {
+			compiler := plugincel.NewConditionCompiler(environment.MustBaseEnvSet(environment.DefaultCompatibilityVersion()))
+			return webhook.NewMutatingWebhookAccessor("uid", mwc.Name, &mwc.Webhooks[i]).GetCompiledMatcher(compiler)
+		}
+	}
+	t.Fatal("no pod webhook")
+	return nil
+}
+
 // TestControllerPodsMeetTheMatchConditions checks, offline (the
 // apiserver's own match-condition code, no control plane), the pods the
 // throughput benchmark creates: a JobSet pod from the Job controller
 // skips gpupack's pod webhook and is already what the webhook would store
-// (a fixed point of the pod mutation), and an LWS pod from the
-// StatefulSet controller meets it, which adds the placement gate.
+// (a fixed point of the pod mutation), and so does an LWS pod from the
+// StatefulSet controller (with the StatefulSet kind; without it, it meets
+// the webhook).
 func TestControllerPodsMeetTheMatchConditions(t *testing.T) {
 	m, err := mutation.New(benchConfig)
 	if err != nil {
@@ -227,14 +249,8 @@ func TestControllerPodsMeetTheMatchConditions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mwc, _ := webhooks.WebhookConfigurations(fast)
-	var matcher matchconditions.Matcher
-	for i := range mwc.Webhooks {
-		if mwc.Webhooks[i].Name == webhooks.PodMutatingWebhookName {
-			compiler := plugincel.NewConditionCompiler(environment.MustBaseEnvSet(environment.DefaultCompatibilityVersion()))
-			matcher = webhook.NewMutatingWebhookAccessor("uid", mwc.Name, &mwc.Webhooks[i]).GetCompiledMatcher(compiler)
-		}
-	}
+	fast.JobKinds = []string{webhooks.KindStatefulSet} // the LWS integration's StatefulSets
+	matcher := podMatcherOf(t, fast)
 	calls := func(p *corev1.Pod, username string) bool {
 		t.Helper()
 		kind := corev1.SchemeGroupVersion.WithKind("Pod")
@@ -260,13 +276,24 @@ func TestControllerPodsMeetTheMatchConditions(t *testing.T) {
 		t.Errorf("JobSet fast-path pod is not what the webhook stores: warnings %v, error %v, diff %s", warn, err, cmp.Diff(jsPod.Spec, stored.Spec))
 	}
 
-	sts := lwsLeaderStatefulSet(benchLWS(t, m), "ns")
+	sts := lwsLeaderStatefulSet(t, m, benchLWS(t, m), "ns")
 	sts.UID = "sts-uid"
 	lwsPod := statefulSetPod(sts, "serve-0")
-	if !calls(lwsPod, userStatefulSetController) {
-		t.Error("LWS pod from the StatefulSet controller skips the pod webhook")
+	if calls(lwsPod, userStatefulSetController) {
+		t.Errorf("LWS pod from the StatefulSet controller meets the pod webhook; annotations %v, gates %v", lwsPod.Annotations, lwsPod.Spec.SchedulingGates)
 	}
-	if _, err := m.AdmitPod(lwsPod, mutation.PodContext{}); err != nil || !hasGate(&lwsPod.Spec, v1alpha1.SchedulingGatePlacement) {
-		t.Errorf("LWS pod through the webhook: error %v, gates %v", err, lwsPod.Spec.SchedulingGates)
+	stored = lwsPod.DeepCopy()
+	if warn, err := m.AdmitPod(stored, mutation.PodContext{}); err != nil || len(warn) > 0 || !equality.Semantic.DeepEqual(stored.Spec, lwsPod.Spec) || !hasGate(&lwsPod.Spec, v1alpha1.SchedulingGatePlacement) {
+		t.Errorf("LWS fast-path pod is not what the webhook stores: warnings %v, error %v, gates %v, diff %s", warn, err, lwsPod.Spec.SchedulingGates, cmp.Diff(lwsPod.Spec, stored.Spec))
+	}
+	// Without the StatefulSet kind (so no StatefulSet entry to trust), it
+	// meets the webhook.
+	noSTS, err := webhooks.DefaultServeOptions().WithFastPath(benchConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	matcher = podMatcherOf(t, noSTS)
+	if !calls(lwsPod, userStatefulSetController) {
+		t.Error("without the StatefulSet kind, an LWS pod skips the pod webhook")
 	}
 }

@@ -107,9 +107,9 @@ func TestPodCreateThroughput(t *testing.T) {
 		{name: "job pods: no webhook", kind: "job"}, {name: "job pods: gpupack (default, fast path)", kind: "job"}, {name: "job pods: gpupack, fast path off", kind: "job"},
 		{name: "CPU pods: no webhook", kind: "cpu"}, {name: "CPU pods: gpupack installed", kind: "cpu"},
 		{name: "JobSet pods: no webhook", kind: "jobset"}, {name: "JobSet pods: gpupack (default, fast path)", kind: "jobset"},
-		{name: "LWS pods: no webhook", kind: "lws"}, {name: "LWS pods: gpupack (default)", kind: "lws"},
+		{name: "LWS pods: no webhook", kind: "lws"}, {name: "LWS pods: gpupack (default, fast path)", kind: "lws"},
 		{name: "LWS pods: a one-label defaulter webhook on every pod (stand-in for LWS's and Kueue's pod webhooks)", kind: "lws"},
-		{name: "LWS pods: that stand-in + gpupack (default)", kind: "lws"}}
+		{name: "LWS pods: that stand-in + gpupack (default, fast path)", kind: "lws"}}
 	const jobBase, jobFast, jobSlow, cpuBase, cpuGpupack = 7, 8, 9, 10, 11
 	const jobSetBase, jobSetFast, lwsBase, lwsGpupack, lwsStandIn, lwsStandInGpupack = 12, 13, 14, 15, 16, 17
 	for i := range variants {
@@ -135,6 +135,11 @@ func TestPodCreateThroughput(t *testing.T) {
 	}
 	strict := fast
 	strict.ValidatePodCreate = true
+	// With the StatefulSet kind (the LWS integration's StatefulSets): the
+	// StatefulSet clause, as the manager writes it where its StatefulSet
+	// entry holds.
+	fastSTS := fast
+	fastSTS.JobKinds = []string{webhooks.KindStatefulSet}
 	scoped := func(prefix, ns, path string, so webhooks.ServeOptions, validating bool) []client.Object {
 		mwc, vwc := webhooks.WebhookConfigurations(so)
 		sel := &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": ns}}
@@ -162,8 +167,8 @@ func TestPodCreateThroughput(t *testing.T) {
 	objs = append(objs, scoped("slow-", variants[jobSlow].ns, "", webhooks.DefaultServeOptions(), true)...)
 	objs = append(objs, scoped("cpu-", variants[cpuGpupack].ns, "", fast, true)...)
 	objs = append(objs, scoped("jobset-", variants[jobSetFast].ns, "", fast, true)...)
-	objs = append(objs, scoped("lws-", variants[lwsGpupack].ns, "", fast, true)...)
-	objs = append(objs, scoped("lwsg-", variants[lwsStandInGpupack].ns, "", fast, true)...)
+	objs = append(objs, scoped("lws-", variants[lwsGpupack].ns, "", fastSTS, true)...)
+	objs = append(objs, scoped("lwsg-", variants[lwsStandInGpupack].ns, "", fastSTS, true)...)
 	// LWS's pod webhook (objectSelector: the LWS name label) and Kueue's
 	// (pod integration: every pod of a managed namespace) have no match
 	// conditions and patch every LWS pod; named after gpupack's
@@ -272,7 +277,7 @@ func TestPodCreateThroughput(t *testing.T) {
 		l := lwsObj.DeepCopy()
 		l.Namespace, l.UID = variants[i].ns, ""
 		env.MustCreate(t, l)
-		sts := lwsLeaderStatefulSet(l, variants[i].ns)
+		sts := lwsLeaderStatefulSet(t, m, l, variants[i].ns)
 		env.MustCreate(t, sts)
 		lwsSets[variants[i].ns] = sts
 	}
@@ -380,8 +385,8 @@ func TestPodCreateThroughput(t *testing.T) {
 	fmt.Fprintf(&b, "apiserver-observed gpupack mutating call p50 ≤ %s, p99 ≤ %s (allow-all: p50 ≤ %s, p99 ≤ %s)", p50, p99, n50, n99)
 	t.Log("\n" + b.String())
 	// What the fast path promises, asserted (the timings are not): the
-	// pod webhook saw none of the job pods or JobSet pods.
-	for _, i := range []int{jobFast, jobSetFast} {
+	// pod webhook saw none of the job, JobSet or LWS pods.
+	for _, i := range []int{jobFast, jobSetFast, lwsGpupack, lwsStandInGpupack} {
 		if calls[i] != 0 {
 			t.Errorf("%s: the pod webhook answered %v times for %d pods, want 0", variants[i].name, calls[i], total)
 		}
