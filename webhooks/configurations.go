@@ -182,7 +182,8 @@ func isGPU(kind, v string) string {
 		return fmt.Sprintf("%[2]s || (has(%[1]s.spec) && has(%[1]s.spec.template) && (%[3]s))", v, annotated(v+".metadata"), templateIsGPU(v+".spec.template"))
 	case "PyTorchJob":
 		rs := v + ".spec.pytorchReplicaSpecs"
-		return fmt.Sprintf("%[2]s || (has(%[1]s.spec) && has(%[3]s) && %[3]s.exists(k, has(%[3]s[k].template) && (%[4]s)))", v, annotated(v+".metadata"), rs, templateIsGPU(rs+"[k].template"))
+		// rt, not k: annotated iterates its annotation keys as k.
+		return fmt.Sprintf("%[2]s || (has(%[1]s.spec) && has(%[3]s) && %[3]s.exists(rt, has(%[3]s[rt].template) && (%[4]s)))", v, annotated(v+".metadata"), rs, templateIsGPU(rs+"[rt].template"))
 	}
 	return jobKindIsGPU(kind, v)
 }

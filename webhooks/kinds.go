@@ -273,7 +273,7 @@ func jobKindIsGPU(kind, v string) string {
 			v, annotated(v+".metadata"), rayClusterIsGPU(v+".spec.rayClusterSpec"), sub, templateIsGPU(sub))
 	case KindMPIJob:
 		rs := v + ".spec.mpiReplicaSpecs"
-		return fmt.Sprintf("%[2]s || (has(%[1]s.spec) && has(%[3]s) && %[3]s.exists(k, has(%[3]s[k].template) && (%[4]s)))", v, annotated(v+".metadata"), rs, templateIsGPU(rs+"[k].template"))
+		return fmt.Sprintf("%[2]s || (has(%[1]s.spec) && has(%[3]s) && %[3]s.exists(rt, has(%[3]s[rt].template) && (%[4]s)))", v, annotated(v+".metadata"), rs, templateIsGPU(rs+"[rt].template"))
 	}
 	panic("unknown kind " + kind)
 }

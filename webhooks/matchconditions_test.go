@@ -2,12 +2,14 @@ package webhooks
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apiserver/pkg/admission"
 	plugincel "k8s.io/apiserver/pkg/admission/plugin/cel"
 	"k8s.io/apiserver/pkg/admission/plugin/webhook"
@@ -256,5 +258,60 @@ func TestValidatingPodUpdateConditions(t *testing.T) {
 		Limits: corev1.ResourceList{v1alpha1.ResourceNvidiaGPU: resource.MustParse("1")}}}}
 	if r := podMatcher(t, DefaultServeOptions()).Match(context.Background(), podCreate(side, "alice"), nil, nil); r.Error != nil || !r.Matches {
 		t.Errorf("GPU in a sidecar only: matches %v, error %v", r.Matches, r.Error)
+	}
+}
+
+// A CPU-only job whose pod templates carry annotations (any: a sidecar
+// injector's) asks for no GPU and must not reach gpupack — and the match
+// condition must not fail on it either, or failurePolicy Fail refuses the
+// job. A PyTorchJob's or MPIJob's replica types were iterated as k, the
+// name the annotation check iterates annotation keys by: a template
+// annotation made the condition index the replica specs by an annotation
+// key ("no such key") and every such CPU job was refused.
+func TestCPUJobsWithTemplateAnnotationsSkipTheWebhooks(t *testing.T) {
+	o := DefaultServeOptions()
+	o.JobKinds = AllJobKinds
+	mwc, vwc := WebhookConfigurations(o)
+	tmpl := map[string]any{"metadata": map[string]any{"annotations": map[string]any{"sidecar.istio.io/inject": "false"}},
+		"spec": map[string]any{"containers": []any{map[string]any{"name": "c", "image": "busybox"}}}}
+	replicas := map[string]any{"Launcher": map[string]any{"template": tmpl}, "Worker": map[string]any{"template": tmpl}}
+	for _, tc := range []struct {
+		kind, apiVersion, resource string
+		spec                       map[string]any
+	}{
+		{"Job", "batch/v1", "jobs", map[string]any{"template": tmpl}},
+		{"PyTorchJob", "kubeflow.org/v1", "pytorchjobs", map[string]any{"pytorchReplicaSpecs": map[string]any{"Master": map[string]any{"template": tmpl}, "Worker": map[string]any{"template": tmpl}}}},
+		{"MPIJob", "kubeflow.org/v2beta1", "mpijobs", map[string]any{"mpiReplicaSpecs": replicas}},
+	} {
+		obj := &unstructured.Unstructured{Object: map[string]any{"apiVersion": tc.apiVersion, "kind": tc.kind,
+			"metadata": map[string]any{"name": "cpu", "namespace": "ns"}, "spec": tc.spec}}
+		gvk := obj.GroupVersionKind()
+		attr := admission.NewAttributesRecord(obj, nil, gvk, "ns", "cpu", gvk.GroupVersion().WithResource(tc.resource), "",
+			admission.Create, &metav1.CreateOptions{}, false, &user.DefaultInfo{Name: "alice"})
+		va := &admission.VersionedAttributes{Attributes: attr, VersionedKind: gvk}
+		va.VersionedObject.Set(obj)
+		name := strings.ToLower(tc.kind)
+		found := 0
+		for i := range mwc.Webhooks {
+			if w := &mwc.Webhooks[i]; w.Name == "m"+name+".gpupack.io" {
+				found++
+				r := webhook.NewMutatingWebhookAccessor("uid", mwc.Name, w).GetCompiledMatcher(celCompiler()).Match(context.Background(), va, nil, nil)
+				if r.Error != nil || r.Matches {
+					t.Errorf("%s: a CPU-only %s with template annotations: matches %v, error %v", w.Name, tc.kind, r.Matches, r.Error)
+				}
+			}
+		}
+		for i := range vwc.Webhooks {
+			if w := &vwc.Webhooks[i]; w.Name == "v"+name+".gpupack.io" {
+				found++
+				r := webhook.NewValidatingWebhookAccessor("uid", vwc.Name, w).GetCompiledMatcher(celCompiler()).Match(context.Background(), va, nil, nil)
+				if r.Error != nil || r.Matches {
+					t.Errorf("%s: a CPU-only %s with template annotations: matches %v, error %v", w.Name, tc.kind, r.Matches, r.Error)
+				}
+			}
+		}
+		if found != 2 {
+			t.Errorf("%d webhooks for %s, want a mutating and a validating one", found, tc.kind)
+		}
 	}
 }

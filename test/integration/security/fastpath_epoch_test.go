@@ -48,7 +48,7 @@ func TestLWSFastPathEpoch(t *testing.T) {
 	shipped.JobKinds = []string{webhooks.KindStatefulSet}
 	epoch := &mutation.FastPathEpoch{}
 	var m *mutation.Mutator
-	c := startClusterServing(t, shipped, func(env *framework.Env, mgr ctrl.Manager) error {
+	c := startClusterServing(t, framework.Options{NoKueue: true}, shipped, func(env *framework.Env, mgr ctrl.Manager) error {
 		if err := env.Client.Create(env.Ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: shipped.Namespace}}); err != nil && !apierrors.IsAlreadyExists(err) {
 			return err
 		}

@@ -66,19 +66,34 @@ func startCluster(t *testing.T) *cluster { return startClusterWith(t, nil) }
 // startClusterWith also installs the webhook entries of jobKinds
 // (webhooks.ServeOptions.JobKinds).
 func startClusterWith(t *testing.T, jobKinds []string) *cluster {
+	return startClusterOpts(t, framework.Options{NoKueue: true}, jobKinds)
+}
+
+// startClusterOpts is startClusterWith on a control plane started with
+// opts. With OperatorCRDs (the Ray, MPI and Trainer CRDs too) tenants
+// may write every job kind, as the operators' installs let them (their
+// editor roles aggregate to edit).
+func startClusterOpts(t *testing.T, opts framework.Options, jobKinds []string) *cluster {
 	t.Helper()
 	serve := webhooks.DefaultServeOptions()
 	serve.JobKinds = jobKinds
-	return startClusterServing(t, serve, func(_ *framework.Env, mgr ctrl.Manager) error { return webhooks.Setup(mgr, webhooks.Config{}) })
+	return startClusterServing(t, opts, serve, func(_ *framework.Env, mgr ctrl.Manager) error { return webhooks.Setup(mgr, webhooks.Config{}) })
 }
 
-// startClusterServing is startClusterWith with the manager's setup and the
+// startClusterServing is startClusterOpts with the manager's setup and the
 // installed configurations (WebhookConfigurations(serve), as shipped)
 // chosen by the test; setup runs before the configurations are installed.
-func startClusterServing(t *testing.T, serve webhooks.ServeOptions, setup func(env *framework.Env, mgr ctrl.Manager) error) *cluster {
+func startClusterServing(t *testing.T, opts framework.Options, serve webhooks.ServeOptions, setup func(env *framework.Env, mgr ctrl.Manager) error) *cluster {
 	t.Helper()
-	env := framework.Start(t, framework.Options{NoKueue: true})
+	env := framework.Start(t, opts)
 	c := &cluster{env: env}
+	if opts.OperatorCRDs {
+		env.MustCreate(t, &rbacv1.ClusterRole{
+			ObjectMeta: metav1.ObjectMeta{Name: "job-kinds-edit", Labels: map[string]string{"rbac.authorization.k8s.io/aggregate-to-edit": "true"}},
+			Rules: []rbacv1.PolicyRule{{APIGroups: jobKindGroups, Resources: []string{"*"},
+				Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}}},
+		})
+	}
 	// The shipped RBAC and policies, as written (no kustomize needed: the
 	// base files name gpupack-system themselves).
 	for _, glob := range []string{"manifests/base/rbac/*.yaml", "manifests/base/policy/*.yaml"} {
@@ -88,10 +103,10 @@ func startClusterServing(t *testing.T, serve webhooks.ServeOptions, setup func(e
 			}
 		}
 	}
-	opts := env.WebhookServer()
-	env.StartManager(t, func(mgr ctrl.Manager) error { return setup(env, mgr) }, opts)
+	whOpts := env.WebhookServer()
+	env.StartManager(t, func(mgr ctrl.Manager) error { return setup(env, mgr) }, whOpts)
 	mwc, vwc := webhooks.WebhookConfigurations(serve)
-	env.InstallWebhooks(t, opts, mwc, vwc)
+	env.InstallWebhooks(t, whOpts, mwc, vwc)
 
 	aggregate(t, env, "view") // edit aggregates view
 	aggregate(t, env, "edit")
@@ -133,6 +148,9 @@ func startClusterServing(t *testing.T, serve webhooks.ServeOptions, setup func(e
 	c.waitForPolicies(t)
 	return c
 }
+
+// jobKindGroups are the API groups of the job kinds besides batch and apps.
+var jobKindGroups = []string{"kubeflow.org", "jobset.x-k8s.io", "leaderworkerset.x-k8s.io", "ray.io", "trainer.kubeflow.org"}
 
 // waitForPolicies type-checks every shipped policy against the
 // apiserver's own schemas (what kube-controller-manager's status

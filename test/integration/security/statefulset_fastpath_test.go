@@ -50,7 +50,7 @@ func startReview18(t *testing.T) *review18 {
 	shipped.JobKinds = []string{webhooks.KindStatefulSet}
 	epoch := &mutation.FastPathEpoch{}
 	r := &review18{}
-	r.c = startClusterServing(t, shipped, func(env *framework.Env, mgr ctrl.Manager) error {
+	r.c = startClusterServing(t, framework.Options{NoKueue: true}, shipped, func(env *framework.Env, mgr ctrl.Manager) error {
 		if err := env.Client.Create(env.Ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: shipped.Namespace}}); err != nil && !apierrors.IsAlreadyExists(err) {
 			return err
 		}
