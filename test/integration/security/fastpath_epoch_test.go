@@ -11,17 +11,13 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
-	"github.com/gpupack/gpupack/test/framework"
 	"github.com/gpupack/gpupack/webhooks"
 	"github.com/gpupack/gpupack/webhooks/mutation"
-	"github.com/gpupack/gpupack/webhooks/placement"
 )
 
 // statefulSetControllerUser is kube-controller-manager's StatefulSet
@@ -44,34 +40,10 @@ const statefulSetControllerUser = "system:serviceaccount:kube-system:statefulset
 // apiserver, alice under the shipped `edit`, the StatefulSet controller's
 // identity, gpupack's fast-path reconciler in the manager.
 func TestLWSFastPathEpoch(t *testing.T) {
-	shipped := webhooks.DefaultServeOptions()
-	shipped.JobKinds = []string{webhooks.KindStatefulSet}
-	epoch := &mutation.FastPathEpoch{}
-	var m *mutation.Mutator
-	c := startClusterServing(t, framework.Options{NoKueue: true}, shipped, func(env *framework.Env, mgr ctrl.Manager) error {
-		if err := env.Client.Create(env.Ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: shipped.Namespace}}); err != nil && !apierrors.IsAlreadyExists(err) {
-			return err
-		}
-		salt, err := webhooks.EnsureFastPathSalt(env.Ctx, env.Client, shipped.Namespace)
-		if err != nil {
-			return err
-		}
-		cfg := webhooks.Config{Kueue: mutation.KueueConfig{Frameworks: []string{"batch/job", "kubeflow.org/pytorchjob", "pod", "statefulset", "leaderworkerset.x-k8s.io/leaderworkerset"}},
-			FastPathSalt: salt, FastPathEpoch: epoch, JobKinds: shipped.JobKinds}
-		if m, err = mutation.New(cfg); err != nil {
-			return err
-		}
-		if err := webhooks.Setup(mgr, cfg); err != nil {
-			return err
-		}
-		serve, err := shipped.WithFastPath(cfg)
-		if err != nil {
-			return err
-		}
-		return webhooks.SetupFastPath(mgr, serve)
-	})
+	r := startSTSFastPath(t)
+	c, m, epoch := r.c, r.m, r.epoch
 	env, ctx, ns := c.env, c.env.Ctx, c.open
-	ssc := c.as(t, statefulSetControllerUser, []string{"system:serviceaccounts", "system:serviceaccounts:kube-system", "system:authenticated"}, nil)
+	shipped := webhooks.DefaultServeOptions()
 	mwcKey := client.ObjectKey{Name: shipped.MutatingName}
 	stsEntry := "mstatefulset.gpupack.io"
 
@@ -101,41 +73,20 @@ func TestLWSFastPathEpoch(t *testing.T) {
 			return has == on && strings.Contains(e, "== '"+m.Fingerprint()+"'"), fmt.Sprintf("clause %v, marker %s", has, m.Fingerprint())
 		})
 	}
-	podCalls := func() float64 {
-		n, err := framework.CounterSum("gpupack_webhook_admissions_total", map[string]string{"webhook": "mutating", "kind": "Pod"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
-	// A queued GPU StatefulSet as Kueue's StatefulSet (or LWS) webhook
-	// leaves it: queue label, suspending parent.
 	sts := func(name string, env ...corev1.EnvVar) *appsv1.StatefulSet {
-		p := wholeGPUPod("", "", "1")
-		p.Spec.Containers[0].Env = env
-		return &appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{mutation.LabelQueueName: "gpu"}},
-			Spec: appsv1.StatefulSetSpec{Replicas: ptr.To[int32](0), Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": name}},
-				Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": name, mutation.LabelQueueName: "gpu"},
-					Annotations: map[string]string{placement.KueueSuspendingParent: "statefulset"}}, Spec: p.Spec}}}
+		s := r.sts(name)
+		s.Spec.Template.Spec.Containers[0].Env = env
+		return s
 	}
-	// podOf is a pod as the StatefulSet controller makes it, created with
-	// its identity; calls is how many times gpupack's pod webhook answered.
+	// podOf is pod i of s as the StatefulSet controller makes it; calls is
+	// how many times gpupack's pod webhook answered.
 	podOf := func(s *appsv1.StatefulSet, i int) (*corev1.Pod, float64) {
 		t.Helper()
-		got := &appsv1.StatefulSet{}
-		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(s), got); err != nil {
-			t.Fatal(err)
-		}
-		tm := got.Spec.Template.DeepCopy()
-		p := &corev1.Pod{ObjectMeta: tm.ObjectMeta, Spec: tm.Spec}
-		p.Name, p.Namespace = fmt.Sprintf("%s-%d", s.Name, i), ns
-		p.Labels["statefulset.kubernetes.io/pod-name"], p.Labels["apps.kubernetes.io/pod-index"] = p.Name, fmt.Sprint(i)
-		p.OwnerReferences = []metav1.OwnerReference{*metav1.NewControllerRef(got, appsv1.SchemeGroupVersion.WithKind("StatefulSet"))}
-		before := podCalls()
-		if err := ssc.Create(ctx, p); err != nil {
+		p, calls, err := r.podOf(t, s, i, false)
+		if err != nil {
 			t.Fatalf("the StatefulSet controller creating %s: %v", p.Name, err)
 		}
-		return p, podCalls() - before
+		return p, calls
 	}
 	visible := func(p *corev1.Pod) (string, bool) {
 		for _, e := range p.Spec.Containers[0].Env {

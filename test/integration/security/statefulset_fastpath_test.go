@@ -35,21 +35,23 @@ import (
 	"github.com/gpupack/gpupack/webhooks/placement"
 )
 
-// review18 is a cluster as TestLWSFastPathEpoch starts it: real
-// apiserver, shipped RBAC and policies, alice under edit, gpupack's
-// webhooks with the StatefulSet kind and its fast-path reconciler.
-type review18 struct {
-	c   *cluster
-	m   *mutation.Mutator
-	ssc client.Client // the StatefulSet controller's identity
+// stsFastPath is a cluster for the StatefulSet fast path: real apiserver,
+// shipped RBAC and policies, alice under edit, gpupack's webhooks with the
+// StatefulSet kind and its fast-path reconciler (the epoch), the
+// StatefulSet controller's identity.
+type stsFastPath struct {
+	c     *cluster
+	m     *mutation.Mutator
+	epoch *mutation.FastPathEpoch
+	ssc   client.Client // the StatefulSet controller's identity
 }
 
-func startReview18(t *testing.T) *review18 {
+func startSTSFastPath(t *testing.T) *stsFastPath {
 	t.Helper()
 	shipped := webhooks.DefaultServeOptions()
 	shipped.JobKinds = []string{webhooks.KindStatefulSet}
 	epoch := &mutation.FastPathEpoch{}
-	r := &review18{}
+	r := &stsFastPath{epoch: epoch}
 	r.c = startClusterServing(t, framework.Options{NoKueue: true}, shipped, func(env *framework.Env, mgr ctrl.Manager) error {
 		if err := env.Client.Create(env.Ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: shipped.Namespace}}); err != nil && !apierrors.IsAlreadyExists(err) {
 			return err
@@ -91,7 +93,7 @@ func startReview18(t *testing.T) *review18 {
 }
 
 // sts is a queued GPU StatefulSet as Kueue's StatefulSet webhook leaves it.
-func (r *review18) sts(name string) *appsv1.StatefulSet {
+func (r *stsFastPath) sts(name string) *appsv1.StatefulSet {
 	p := wholeGPUPod("", "", "1")
 	return &appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: r.c.open, Labels: map[string]string{mutation.LabelQueueName: "gpu"}},
 		Spec: appsv1.StatefulSetSpec{Replicas: ptr.To[int32](0), Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": name}},
@@ -103,7 +105,7 @@ func (r *review18) sts(name string) *appsv1.StatefulSet {
 // template; unmarked drops gpupack's marker (the pod then meets the pod
 // webhook, to show what it would have done). It returns the created pod
 // (or the error) and how many times gpupack's pod webhook answered.
-func (r *review18) podOf(t *testing.T, s *appsv1.StatefulSet, i int, unmarked bool) (*corev1.Pod, float64, error) {
+func (r *stsFastPath) podOf(t *testing.T, s *appsv1.StatefulSet, i int, unmarked bool) (*corev1.Pod, float64, error) {
 	t.Helper()
 	env, ctx := r.c.env, r.c.env.Ctx
 	got := &appsv1.StatefulSet{}
@@ -151,7 +153,7 @@ func envOf(p *corev1.Pod, name string) (string, bool) {
 // a StatefulSet controlled by a Pod Kueue manages). Now the drop is judged
 // as her creating it under her own pod: refused.
 func TestStatefulSetQueueLabelDropJudgedAsCreation(t *testing.T) {
-	r := startReview18(t)
+	r := startSTSFastPath(t)
 	env, ctx, ns, alice := r.c.env, r.c.env.Ctx, r.c.open, r.c.aliceSelf
 
 	owner := cpuPod(ns, "owner")
@@ -197,7 +199,7 @@ func TestStatefulSetQueueLabelDropJudgedAsCreation(t *testing.T) {
 // edit: she cannot create or patch a ControllerRevision, nor write
 // statefulsets/status; statefulsets/scale only changes replicas.
 func TestStatefulSetRevisionsAndStatusClosedToTenants(t *testing.T) {
-	r := startReview18(t)
+	r := startSTSFastPath(t)
 	env, ctx, ns, alice := r.c.env, r.c.env.Ctx, r.c.open, r.c.aliceSelf
 
 	s := r.sts("held")
