@@ -67,7 +67,20 @@ func startCluster(t *testing.T) *cluster { return startClusterWith(t, nil) }
 // (webhooks.ServeOptions.JobKinds).
 func startClusterWith(t *testing.T, jobKinds []string) *cluster {
 	t.Helper()
-	env := framework.Start(t, framework.Options{NoKueue: true})
+	return startClusterOpts(t, clusterOpts{fw: framework.Options{NoKueue: true}, jobKinds: jobKinds})
+}
+
+// clusterOpts choose the control plane (fw: with or without Kueue), the
+// job kinds with webhook entries, and gpupack's webhook configuration.
+type clusterOpts struct {
+	fw       framework.Options
+	jobKinds []string
+	cfg      webhooks.Config
+}
+
+func startClusterOpts(t *testing.T, o clusterOpts) *cluster {
+	t.Helper()
+	env := framework.Start(t, o.fw)
 	c := &cluster{env: env}
 	// The shipped RBAC and policies, as written (no kustomize needed: the
 	// base files name gpupack-system themselves).
@@ -79,9 +92,9 @@ func startClusterWith(t *testing.T, jobKinds []string) *cluster {
 		}
 	}
 	opts := env.WebhookServer()
-	env.StartManager(t, func(mgr ctrl.Manager) error { return webhooks.Setup(mgr, webhooks.Config{}) }, opts)
+	env.StartManager(t, func(mgr ctrl.Manager) error { return webhooks.Setup(mgr, o.cfg) }, opts)
 	serve := webhooks.DefaultServeOptions()
-	serve.JobKinds = jobKinds
+	serve.JobKinds = o.jobKinds
 	mwc, vwc := webhooks.WebhookConfigurations(serve)
 	env.InstallWebhooks(t, opts, mwc, vwc)
 

@@ -1,0 +1,356 @@
+package security
+
+// Outside review 14 (issue 14, finding 6, round 2): new angles on the
+// plan-slot and quota promises, as a hostile tenant with `edit`, on the
+// real apiserver with the shipped RBAC and policies. Each test asserts
+// the promise; a failure starting "BROKEN" is the finding.
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	ray "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
+	kueue "sigs.k8s.io/kueue/apis/kueue/v1beta2"
+
+	"github.com/gpupack/gpupack/admissioncheck"
+	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
+	"github.com/gpupack/gpupack/flavors"
+	"github.com/gpupack/gpupack/test/framework"
+	"github.com/gpupack/gpupack/webhooks"
+	"github.com/gpupack/gpupack/webhooks/mutation"
+)
+
+// kubeRayUser is KubeRay's operator (unmanagedGPUs.ownerControllers),
+// which creates a RayCluster's pods from its group templates.
+const kubeRayUser = "system:serviceaccount:ray-system:kuberay-operator"
+
+// rayFrameworks mirror a Kueue that runs its Ray integrations.
+var rayFrameworks = []string{"batch/job", "kubeflow.org/pytorchjob", "ray.io/rayjob", "ray.io/raycluster"}
+
+// grantRay lets user create KubeRay's objects in ns, as KubeRay's chart
+// (or a platform team running KubeRay) grants its tenants.
+func grantRay(t *testing.T, c *cluster, ns, user string) {
+	t.Helper()
+	name := "ray-edit-" + user
+	c.env.MustCreate(t, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{"ray.io"}, Resources: []string{"rayjobs", "rayclusters"}, Verbs: []string{"*"}}}})
+	c.env.MustCreate(t, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: name},
+		Subjects: []rbacv1.Subject{{Kind: "User", APIGroup: "rbac.authorization.k8s.io", Name: user}}})
+}
+
+// rayInstall applies what an installation with KubeRay adds: the
+// manager's Ray roles (manifests/components/job-kinds/ray*), and pod
+// create for KubeRay's operator (its own chart grants it). It returns
+// KubeRay's operator as a client.
+func rayInstall(t *testing.T, c *cluster) client.Client {
+	t.Helper()
+	env := c.env
+	for _, glob := range []string{"manifests/components/job-kinds/raycluster/rbac.yaml", "manifests/components/job-kinds/rayjob/rbac.yaml"} {
+		for _, u := range framework.ReadObjects(t, glob) {
+			if err := env.Client.Create(env.Ctx, u); err != nil && !apierrors.IsAlreadyExists(err) {
+				t.Fatalf("%s %s: %v", u.GetKind(), u.GetName(), err)
+			}
+		}
+	}
+	env.MustCreate(t, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "kuberay-operator-pods"},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"*"}}}})
+	env.MustCreate(t, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "kuberay-operator-pods"},
+		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "kuberay-operator-pods"},
+		Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Name: "kuberay-operator", Namespace: "ray-system"}}})
+	return c.as(t, kubeRayUser, []string{"system:serviceaccounts", "system:serviceaccounts:ray-system", "system:authenticated"}, nil)
+}
+
+// decoyRayJob is alice's own CPU-only RayJob (queued): the object her
+// RayCluster names as its controller.
+func decoyRayJob(ns, queue string) *ray.RayJob {
+	tmpl := corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "ray", Image: "rayproject/ray",
+		Resources: corev1.ResourceRequirements{Requests: rl("cpu", "100m")}}}}}
+	return &ray.RayJob{
+		ObjectMeta: metav1.ObjectMeta{Name: "decoy", Namespace: ns, Labels: map[string]string{"kueue.x-k8s.io/queue-name": queue}},
+		Spec: ray.RayJobSpec{SubmissionMode: ray.InteractiveMode, JobId: "decoy-job", ShutdownAfterJobFinishes: true,
+			RayClusterSpec: &ray.RayClusterSpec{HeadGroupSpec: ray.HeadGroupSpec{RayStartParams: map[string]string{}, Template: tmpl}}},
+	}
+}
+
+// alicesRayCluster: a RayCluster alice creates herself, controlled (she
+// says) by ctl, whose group "worker" asks for worker's resources.
+func alicesRayCluster(ns string, labels map[string]string, ctl metav1.OwnerReference, worker corev1.PodTemplateSpec) *ray.RayCluster {
+	head := corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "ray", Image: "rayproject/ray"}}}}
+	return &ray.RayCluster{
+		ObjectMeta: metav1.ObjectMeta{Name: "alices-rc", Namespace: ns, Labels: labels, OwnerReferences: []metav1.OwnerReference{ctl}},
+		Spec: ray.RayClusterSpec{HeadGroupSpec: ray.HeadGroupSpec{RayStartParams: map[string]string{}, Template: head},
+			WorkerGroupSpecs: []ray.WorkerGroupSpec{{GroupName: "worker", Replicas: ptr.To[int32](1), MinReplicas: ptr.To[int32](1), MaxReplicas: ptr.To[int32](1),
+				RayStartParams: map[string]string{}, Template: worker}}},
+	}
+}
+
+// kubeRaysWorkerPod is the worker pod KubeRay makes from rc's group
+// "worker" (template labels and annotations, its own labels, rc as
+// controller).
+func kubeRaysWorkerPod(rc *ray.RayCluster, name string) *corev1.Pod {
+	tm := rc.Spec.WorkerGroupSpecs[0].Template
+	labels := map[string]string{"ray.io/node-type": "worker", "ray.io/group": "worker", "ray.io/cluster": rc.Name}
+	for k, v := range tm.Labels {
+		labels[k] = v
+	}
+	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: rc.Namespace, Labels: labels, Annotations: tm.Annotations,
+		OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(rc, ray.GroupVersion.WithKind("RayCluster"))}},
+		Spec: *tm.Spec.DeepCopy()}
+}
+
+// TestReview14ForgedRayJobOwnerTakesTheVictimsSlot: the ungater's owner
+// walk (owners.AncestorRefs) appends the controller of a RayCluster (or of
+// a Job, a JobSet) without reading it, and owners.Belongs compares bare
+// UIDs whatever the kind and name. alice's RayCluster names as its
+// controller "RayJob decoy" (her own RayJob, which Kueue finds by name)
+// with the UID of the victim's batch Job. Its template carries the
+// victim's plan: here because the cluster served RayClusters before
+// gpupack's RayCluster entry existed (--job-kinds=auto picks up a CRD at
+// the manager's next start; a re-applied static manifest or a --job-kinds
+// list without RayCluster does the same) — with the entry, an update of
+// the template does it too (the plan-by-update gap being fixed). KubeRay
+// (trusted) makes the worker pod; the pod webhook counts the RayCluster as
+// managed by its own queue label; the ungater finds the victim's Job UID
+// among the pod's "ancestors" and pins alice's pod to the victim's slot.
+func TestReview14ForgedRayJobOwnerTakesTheVictimsSlot(t *testing.T) {
+	c := startClusterOpts(t, clusterOpts{fw: framework.Options{NoKueue: true, OperatorCRDs: true},
+		cfg: webhooks.Config{Kueue: mutation.KueueConfig{Frameworks: rayFrameworks}}})
+	env, ctx := c.env, c.env.Ctx
+	env.MustCreate(t, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: pathNode}})
+	kuberay := rayInstall(t, c)
+	c.startUngater(t)
+	ns := c.open
+	grantRay(t, c, ns, "alice")
+	const plan = "victim"
+	victimJob, err := c.alice.(*throughJob).jobOf(ctx, ns, plan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.createPlan(t, gangPlan(ns, plan, []string{"GPU-victim-0"}))
+
+	decoy := decoyRayJob(ns, "gpu")
+	if err := c.aliceSelf.Create(ctx, decoy); err != nil {
+		t.Fatalf("alice's decoy RayJob: %v", err)
+	}
+	forged := metav1.OwnerReference{APIVersion: "ray.io/v1", Kind: "RayJob", Name: decoy.Name, UID: victimJob.UID, Controller: ptr.To(true)}
+	w := gpuPod(ns, "x")
+	w.Annotations[v1alpha1.AnnotationPlan] = plan
+	rc := alicesRayCluster(ns, map[string]string{"kueue.x-k8s.io/queue-name": "gpu"}, forged,
+		corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Annotations: w.Annotations}, Spec: w.Spec})
+	if err := c.aliceSelf.Create(ctx, rc); err != nil {
+		t.Logf("alice's RayCluster refused (held): %v", err)
+		return
+	}
+	pod := kubeRaysWorkerPod(rc, "alices-rc-worker-0")
+	if err := kuberay.Create(ctx, pod); err != nil {
+		t.Logf("KubeRay's worker pod with the victim's plan refused (held): %v", err)
+		return
+	}
+	notPlaced(t, c, pod, "GPU-victim-0:4096", 20*time.Second)
+	pl := &v1alpha1.GPUPlan{}
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: plan}, pl); err == nil {
+		for _, b := range pl.Status.Bindings {
+			if b.PodUID == pod.UID {
+				t.Errorf("BROKEN: the victim's plan binds alice's pod: %+v", b)
+			}
+		}
+	}
+}
+
+// startKueueCluster is the security suite's control plane with the real
+// Kueue of fw, gpupack's webhooks mirroring it (entries for kinds), a
+// ResourceFlavor "gpu" and a ClusterQueue "cq" with gpus GPUs (and the
+// gang-fit check when check), LocalQueue "lq" in c.open.
+func startKueueCluster(t *testing.T, fw framework.Options, check bool, gpus int64, kinds ...string) *cluster {
+	t.Helper()
+	c := startClusterOpts(t, clusterOpts{fw: fw, jobKinds: kinds, cfg: webhooks.Config{Kueue: mutation.KueueConfig{Frameworks: fw.KueueFrameworks()}}})
+	env := c.env
+	cq := framework.MakeClusterQueue("cq").GPUFlavor("gpu", gpus, framework.H100)
+	if check {
+		env.StartManager(t, func(mgr ctrl.Manager) error { return admissioncheck.Setup(mgr, admissioncheck.Options{}) })
+		env.MustCreate(t, &v1alpha1.GangFitParameters{ObjectMeta: metav1.ObjectMeta{Name: "gang-fit"},
+			Spec: v1alpha1.GangFitParametersSpec{RetryBackoff: v1alpha1.RetryBackoff{MinSeconds: ptr.To[int32](1), MaxSeconds: ptr.To[int32](5)}}})
+		env.MustCreate(t, framework.MakeGangFitCheck("gang-fit", "gang-fit"))
+		env.WaitForAdmissionCheckActive(t, "gang-fit")
+		cq = cq.AdmissionChecks("gang-fit")
+	}
+	env.MustCreate(t, framework.MakeResourceFlavor("gpu"))
+	env.MustCreate(t, cq.Obj())
+	env.MustCreate(t, framework.MakeLocalQueue("lq", c.open, "cq"))
+	return c
+}
+
+func wlAdmitted(wl *kueue.Workload) bool {
+	return apimeta.IsStatusConditionTrue(wl.Status.Conditions, kueue.WorkloadAdmitted)
+}
+
+// TestReview14RayClusterUnderOwnRayJobRunsOutsideQuota: RayClusters are
+// not checked at their own creation (docs: "their pods are"), and the pod
+// check walks a RayCluster up to a RayJob as if KubeRay had made it for
+// that RayJob. alice makes a RayCluster herself, controlled by her own
+// tiny CPU RayJob that Kueue admitted. Kueue v0.17 takes the RayCluster
+// as that RayJob's child (FindAncestorJobManagedByKueue): it does not
+// suspend it and never makes a Workload for it, and its pods are not
+// Kueue's pod integration's. gpupack credits KubeRay's worker pod to the
+// admitted RayJob and admits it, ungated, with more whole GPUs than the
+// ClusterQueue has: GPUs outside every quota. (Real Kueue; KubeRay's pod
+// create is made as its account, as the suite does for the Job
+// controller.)
+func TestReview14RayClusterUnderOwnRayJobRunsOutsideQuota(t *testing.T) {
+	c := startKueueCluster(t, framework.Options{RayMPI: true}, false, 1, webhooks.KindRayJob, webhooks.KindRayCluster)
+	env, ctx := c.env, c.env.Ctx
+	ns := c.open
+	kuberay := rayInstall(t, c)
+	grantRay(t, c, ns, "alice")
+	decoy := decoyRayJob(ns, "lq")
+	if err := c.aliceSelf.Create(ctx, decoy); err != nil {
+		t.Fatalf("alice's CPU RayJob: %v", err)
+	}
+	env.WaitForWorkloadOf(t, ns, decoy.Name, "RayJob", wlAdmitted)
+
+	w := wholeGPUPod(ns, "x", "4") // the ClusterQueue has 1 GPU
+	rc := alicesRayCluster(ns, nil, *metav1.NewControllerRef(decoy, ray.GroupVersion.WithKind("RayJob")), corev1.PodTemplateSpec{Spec: w.Spec})
+	if err := c.aliceSelf.Create(ctx, rc); err != nil {
+		t.Logf("alice's RayCluster under her RayJob refused (held): %v", err)
+		return
+	}
+	// Kueue leaves it alone: no suspension, no Workload of its own.
+	time.Sleep(5 * time.Second)
+	cur := &ray.RayCluster{}
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(rc), cur); err != nil {
+		t.Fatal(err)
+	}
+	own, _ := env.WorkloadOf(ns, rc.Name, "RayCluster")
+	t.Logf("Kueue: RayCluster suspend=%v, own Workload %v", ptr.Deref(cur.Spec.Suspend, false), own != nil)
+	if ptr.Deref(cur.Spec.Suspend, false) || own != nil {
+		t.Logf("Kueue suspends or counts alice's RayCluster (held)")
+		return
+	}
+	pod := kubeRaysWorkerPod(cur, "alices-rc-worker-0")
+	if err := kuberay.Create(ctx, pod); err != nil {
+		t.Logf("KubeRay's 4-GPU worker pod refused (held): %v", err)
+		return
+	}
+	var gates []string
+	for _, g := range pod.Spec.SchedulingGates {
+		gates = append(gates, g.Name)
+	}
+	var wls kueue.WorkloadList
+	_ = env.Client.List(ctx, &wls, client.InNamespace(ns))
+	var counted []string
+	for i := range wls.Items {
+		for _, ps := range wls.Items[i].Spec.PodSets {
+			for _, ct := range ps.Template.Spec.Containers {
+				if q, ok := ct.Resources.Limits[v1alpha1.ResourceNvidiaGPU]; ok {
+					counted = append(counted, fmt.Sprintf("%s/%s: %s", wls.Items[i].Name, ps.Name, q.String()))
+				}
+			}
+		}
+	}
+	t.Errorf("BROKEN: KubeRay's worker pod of alice's own RayCluster admitted with %s nvidia.com/gpu on a ClusterQueue of 1, gates %v; GPUs counted by Kueue: %v",
+		pod.Spec.Containers[0].Resources.Limits.Name(v1alpha1.ResourceNvidiaGPU, "").String(), gates, counted)
+}
+
+// TestReview14PodGroupJoinTakesTheVictimsSlot: Kueue's pod groups are
+// made of whatever pods carry the group's label, and Kueue makes each an
+// owner of the group's Workload (EnsureWorkloadOwnedByAllMembers), which
+// is what owners.Belongs accepts. bob's plain pod group "vgroup" of two
+// is half made; alice creates a pod of her own (her image, her command)
+// with the group's label, total count, queue and bob's role hash. It
+// completes the group: Kueue makes the Workload with her pod as an owner,
+// the gang-fit check plans it, Kueue writes the plan into both pods, and
+// the ungater pins hers to a slot planned for bob's job; bob's second pod
+// then is Kueue's excess and is deleted. No policy or webhook of gpupack
+// asks who made a group member.
+func TestReview14PodGroupJoinTakesTheVictimsSlot(t *testing.T) {
+	c := startKueueCluster(t, framework.Options{PodIntegration: true}, true, 4)
+	env, ctx := c.env, c.env.Ctx
+	ns := c.open
+	env.CreateNode(t, framework.MakeNode("gpu-node-a").GPUs(4, framework.H100).Obj())
+	c.startUngater(t)
+	env.MustCreate(t, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "bob-edit", Namespace: ns},
+		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "edit"},
+		Subjects: []rbacv1.Subject{{Kind: "User", APIGroup: "rbac.authorization.k8s.io", Name: "bob"}}})
+	bob, err := client.New(env.UserConfig(t, "bob"), client.Options{Scheme: env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const group = "vgroup"
+	member := func(name, image string, by client.Client, roleHash string) *corev1.Pod {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns,
+			Labels:      map[string]string{"kueue.x-k8s.io/queue-name": "lq", "kueue.x-k8s.io/pod-group-name": group},
+			Annotations: map[string]string{"kueue.x-k8s.io/pod-group-total-count": "2", v1alpha1.AnnotationGPUMemory: "4Gi"}},
+			Spec: corev1.PodSpec{NodeSelector: map[string]string{flavors.LabelGPUProduct: h100}, Tolerations: []corev1.Toleration{framework.KwokToleration},
+				Containers: []corev1.Container{{Name: "c", Image: image, Command: []string{"run"},
+					Resources: corev1.ResourceRequirements{Limits: rl(v1alpha1.ResourceNvidiaGPU, "1")}}}}}
+		if roleHash != "" {
+			p.Annotations["kueue.x-k8s.io/role-hash"] = roleHash
+		}
+		if err := by.Create(ctx, p); err != nil {
+			t.Fatalf("creating %s: %v", name, err)
+		}
+		return p
+	}
+	v0 := member("bob-0", "bob/trainer", bob, "")
+	hash := v0.Annotations["kueue.x-k8s.io/role-hash"]
+	if hash == "" {
+		t.Fatalf("Kueue gave bob's pod no role hash: %v", v0.Annotations)
+	}
+	thief := member("thief", "alice/miner", c.aliceSelf, hash)
+
+	state := func() string {
+		var pods corev1.PodList
+		_ = env.Client.List(ctx, &pods, client.InNamespace(ns))
+		var out []string
+		for _, p := range pods.Items {
+			var gs []string
+			for _, g := range p.Spec.SchedulingGates {
+				gs = append(gs, g.Name)
+			}
+			out = append(out, fmt.Sprintf("%s gates=%v plan=%q devices=%q", p.Name, gs, p.Annotations[v1alpha1.AnnotationPlan], p.Annotations[v1alpha1.AnnotationDevices]))
+		}
+		var wls kueue.WorkloadList
+		_ = env.Client.List(ctx, &wls, client.InNamespace(ns))
+		for i := range wls.Items {
+			out = append(out, framework.DescribeWorkload(&wls.Items[i]))
+		}
+		return strings.Join(out, "; ")
+	}
+	placed := ""
+	deadline := time.Now().Add(90 * time.Second)
+	for time.Now().Before(deadline) {
+		cur := &corev1.Pod{}
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(thief), cur); err == nil && !hasGate(cur) && cur.Annotations[v1alpha1.AnnotationDevices] != "" {
+			placed = cur.Annotations[v1alpha1.AnnotationPlan] + " " + cur.Annotations[v1alpha1.AnnotationDevices]
+			break
+		}
+		time.Sleep(time.Second)
+	}
+	if placed == "" {
+		t.Logf("alice's pod never placed (held): %s", state())
+		return
+	}
+	t.Errorf("BROKEN: alice's pod (image alice/miner) placed on a slot of bob's group's plan: %s; %s", placed, state())
+	// bob's second pod arrives: the group is full, so Kueue deletes it.
+	member("bob-1", "bob/trainer", bob, "")
+	for end := time.Now().Add(30 * time.Second); time.Now().Before(end); time.Sleep(time.Second) {
+		cur := &corev1.Pod{}
+		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "bob-1"}, cur); err != nil || cur.DeletionTimestamp != nil {
+			t.Logf("bob's second pod deleted by Kueue as the group's excess")
+			return
+		}
+	}
+	t.Logf("bob's second pod still there: %s", state())
+}
