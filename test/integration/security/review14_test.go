@@ -110,21 +110,22 @@ func kubeRaysWorkerPod(rc *ray.RayCluster, name string) *corev1.Pod {
 		Spec: *tm.Spec.DeepCopy()}
 }
 
-// TestReview14ForgedRayJobOwnerTakesTheVictimsSlot: the ungater's owner
-// walk (owners.AncestorRefs) appends the controller of a RayCluster (or of
-// a Job, a JobSet) without reading it, and owners.Belongs compares bare
-// UIDs whatever the kind and name. alice's RayCluster names as its
+// TestForgedRayJobOwnerOfARayClusterTakesNoSlot (review 14, F1): the
+// owner walk (owners.AncestorRefs) ends at the controller a RayCluster (or
+// a JobSet, a Job) names, unread. alice's RayCluster names as its
 // controller "RayJob decoy" (her own RayJob, which Kueue finds by name)
 // with the UID of the victim's batch Job. Its template carries the
 // victim's plan: here because the cluster served RayClusters before
 // gpupack's RayCluster entry existed (--job-kinds=auto picks up a CRD at
 // the manager's next start; a re-applied static manifest or a --job-kinds
-// list without RayCluster does the same) — with the entry, an update of
-// the template does it too (the plan-by-update gap being fixed). KubeRay
-// (trusted) makes the worker pod; the pod webhook counts the RayCluster as
-// managed by its own queue label; the ungater finds the victim's Job UID
-// among the pod's "ancestors" and pins alice's pod to the victim's slot.
-func TestReview14ForgedRayJobOwnerTakesTheVictimsSlot(t *testing.T) {
+// list without RayCluster does the same). KubeRay (trusted) makes the
+// worker pod. Defences: the pod webhook takes the RayCluster as Kueue
+// does, as the child of the RayJob it names (not managed by its own queue
+// label), and refuses the pod since that RayJob is another object; the
+// ungater matches the Workload's owner on group, kind, name and UID
+// (owners.Belongs), never on a bare UID — TestForgedRayJobOwnerAddedLater
+// attacks that one alone.
+func TestForgedRayJobOwnerOfARayClusterTakesNoSlot(t *testing.T) {
 	c := startClusterOpts(t, clusterOpts{fw: framework.Options{NoKueue: true, OperatorCRDs: true},
 		cfg: webhooks.Config{Kueue: mutation.KueueConfig{Frameworks: rayFrameworks}}})
 	env, ctx := c.env, c.env.Ctx
@@ -169,6 +170,73 @@ func TestReview14ForgedRayJobOwnerTakesTheVictimsSlot(t *testing.T) {
 	}
 }
 
+// TestForgedRayJobOwnerAddedLaterTakesNoSlot attacks the ungater's rule
+// alone (owners.Belongs, review 14 F1), under churn: alice's RayCluster,
+// queue-labelled and with no controller when KubeRay makes its worker pod
+// (so the pod webhook takes it as managed by its own label), then gets
+// the controller reference "RayJob decoy" with the victim Job's UID, and
+// alice touches her pod so that the ungater looks again. The pod's
+// lineage then ends in that reference: its UID is the victim Workload's
+// owner's, its group, kind and name are not.
+func TestForgedRayJobOwnerAddedLaterTakesNoSlot(t *testing.T) {
+	c := startClusterOpts(t, clusterOpts{fw: framework.Options{NoKueue: true, OperatorCRDs: true},
+		cfg: webhooks.Config{Kueue: mutation.KueueConfig{Frameworks: rayFrameworks}}})
+	env, ctx := c.env, c.env.Ctx
+	env.MustCreate(t, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: pathNode}})
+	kuberay := rayInstall(t, c)
+	c.startUngater(t)
+	ns := c.open
+	grantRay(t, c, ns, "alice")
+	const plan = "victim"
+	victimJob, err := c.alice.(*throughJob).jobOf(ctx, ns, plan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.createPlan(t, gangPlan(ns, plan, []string{"GPU-victim-0"}))
+	decoy := decoyRayJob(ns, "gpu")
+	if err := c.aliceSelf.Create(ctx, decoy); err != nil {
+		t.Fatalf("alice's decoy RayJob: %v", err)
+	}
+	w := gpuPod(ns, "x")
+	w.Annotations[v1alpha1.AnnotationPlan] = plan
+	rc := alicesRayCluster(ns, map[string]string{"kueue.x-k8s.io/queue-name": "gpu"}, metav1.OwnerReference{},
+		corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Annotations: w.Annotations}, Spec: w.Spec})
+	rc.OwnerReferences = nil
+	if err := c.aliceSelf.Create(ctx, rc); err != nil {
+		t.Fatalf("alice's RayCluster: %v", err)
+	}
+	pod := kubeRaysWorkerPod(rc, "alices-rc-worker-0")
+	if err := kuberay.Create(ctx, pod); err != nil {
+		t.Fatalf("KubeRay's worker pod of a queue-labelled RayCluster: %v", err)
+	}
+	forged := metav1.OwnerReference{APIVersion: "ray.io/v1", Kind: "RayJob", Name: decoy.Name, UID: victimJob.UID, Controller: ptr.To(true)}
+	cur := &ray.RayCluster{}
+	if err := c.aliceSelf.Get(ctx, client.ObjectKeyFromObject(rc), cur); err != nil {
+		t.Fatal(err)
+	}
+	cur.OwnerReferences = []metav1.OwnerReference{forged}
+	if err := c.aliceSelf.Update(ctx, cur); err != nil {
+		t.Fatalf("alice's RayCluster update to the forged controller: %v", err)
+	}
+	p := &corev1.Pod{}
+	if err := c.aliceSelf.Get(ctx, client.ObjectKeyFromObject(pod), p); err != nil {
+		t.Fatal(err)
+	}
+	p.Labels["touch"] = "1"
+	if err := c.aliceSelf.Update(ctx, p); err != nil {
+		t.Fatalf("alice touching her pod: %v", err)
+	}
+	notPlaced(t, c, pod, "GPU-victim-0:4096", 20*time.Second)
+	pl := &v1alpha1.GPUPlan{}
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: plan}, pl); err == nil {
+		for _, b := range pl.Status.Bindings {
+			if b.PodUID == pod.UID {
+				t.Errorf("BROKEN: the victim's plan binds alice's pod: %+v", b)
+			}
+		}
+	}
+}
+
 // startKueueCluster is the security suite's control plane with the real
 // Kueue of fw, gpupack's webhooks mirroring it (entries for kinds), a
 // ResourceFlavor "gpu" and a ClusterQueue "cq" with gpus GPUs (and the
@@ -196,19 +264,20 @@ func wlAdmitted(wl *kueue.Workload) bool {
 	return apimeta.IsStatusConditionTrue(wl.Status.Conditions, kueue.WorkloadAdmitted)
 }
 
-// TestReview14RayClusterUnderOwnRayJobRunsOutsideQuota: RayClusters are
-// not checked at their own creation (docs: "their pods are"), and the pod
-// check walks a RayCluster up to a RayJob as if KubeRay had made it for
-// that RayJob. alice makes a RayCluster herself, controlled by her own
-// tiny CPU RayJob that Kueue admitted. Kueue v0.17 takes the RayCluster
-// as that RayJob's child (FindAncestorJobManagedByKueue): it does not
-// suspend it and never makes a Workload for it, and its pods are not
-// Kueue's pod integration's. gpupack credits KubeRay's worker pod to the
-// admitted RayJob and admits it, ungated, with more whole GPUs than the
-// ClusterQueue has: GPUs outside every quota. (Real Kueue; KubeRay's pod
-// create is made as its account, as the suite does for the Job
-// controller.)
-func TestReview14RayClusterUnderOwnRayJobRunsOutsideQuota(t *testing.T) {
+// TestTenantRayClusterUnderHerRayJobRunsNothingOutsideQuota (review 14,
+// F2): alice makes a RayCluster herself, controlled by her own tiny CPU
+// RayJob that Kueue admitted. Kueue v0.17 takes the RayCluster as that
+// RayJob's child (FindAncestorJobManagedByKueue): it does not suspend it
+// and never makes a Workload for it, and its pods are not Kueue's pod
+// integration's. Were KubeRay's worker pod credited to the admitted
+// RayJob, it would run with more whole GPUs than the ClusterQueue has.
+// Defence: a RayCluster (as a RayJob, an MPIJob, a JobSet) meets the
+// unmanaged-GPU policy at its own creation — under a Kueue-managed owner
+// only a trusted controller may create it — and the pod walk passes a
+// RayCluster up to its RayJob only where that check runs. (Real Kueue;
+// KubeRay's pod create is made as its account, as the suite does for the
+// Job controller.)
+func TestTenantRayClusterUnderHerRayJobRunsNothingOutsideQuota(t *testing.T) {
 	c := startKueueCluster(t, framework.Options{RayMPI: true}, false, 1, webhooks.KindRayJob, webhooks.KindRayCluster)
 	env, ctx := c.env, c.env.Ctx
 	ns := c.open

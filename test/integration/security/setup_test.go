@@ -91,6 +91,9 @@ func startClusterOpts(t *testing.T, o clusterOpts) *cluster {
 			}
 		}
 	}
+	if o.cfg.JobKinds == nil {
+		o.cfg.JobKinds = o.jobKinds // as the manager sets both from --job-kinds
+	}
 	opts := env.WebhookServer()
 	env.StartManager(t, func(mgr ctrl.Manager) error { return webhooks.Setup(mgr, o.cfg) }, opts)
 	serve := webhooks.DefaultServeOptions()
