@@ -170,13 +170,10 @@ func (h *EvictionHandler) classOf(ctx context.Context, pod *corev1.Pod) (priorit
 		return "", "", false
 	}
 	f := owners.Finder{Reader: h.Client, PodControllerIndex: indexPodController, PodGroupIndex: indexPodGroup}
-	ancestors := map[types.UID]bool{}
-	for _, uid := range f.Ancestors(ctx, pod) {
-		ancestors[uid] = true
-	}
+	lineage := f.Lineage(ctx, pod)
 	for _, k := range workloadsOf(ctx, h.Client, f, pod) {
 		var wl kueue.Workload
-		if err := h.Client.Get(ctx, k, &wl); err != nil || !ownedByOneOf(&wl, ancestors) {
+		if err := h.Client.Get(ctx, k, &wl); err != nil || !owners.Belongs(&wl, lineage) {
 			// (A pod-group label is the tenant's: the Workload it names
 			// counts only if it owns the pod.)
 			continue
@@ -194,14 +191,4 @@ func (h *EvictionHandler) classOf(ctx context.Context, pod *corev1.Pod) (priorit
 		return priorityClass, clusterQueue, true
 	}
 	return "", "", false
-}
-
-// ownedByOneOf: an owner reference of o names one of uids.
-func ownedByOneOf(o metav1.Object, uids map[types.UID]bool) bool {
-	for _, ref := range o.GetOwnerReferences() {
-		if uids[ref.UID] {
-			return true
-		}
-	}
-	return false
 }

@@ -164,19 +164,22 @@ var jobKinds = map[string]jobKind{
 		templates: decodeTemplates(mutation.ClusterTrainingRuntimeTemplates, func(r *trainer.ClusterTrainingRuntime) map[string]string { return r.Annotations }),
 	},
 	KindRayJob: {
-		target:    target{kind: KindRayJob, group: ray.GroupVersion.Group, version: ray.GroupVersion.Version, resource: "rayjobs", mutate: PathMutateRayJob, validate: PathValidateRayJob},
-		templates: decodeTemplates(mutation.RayJobTemplates, func(j *ray.RayJob) map[string]string { return j.Annotations }),
-		suspended: suspendedBy(func(j *ray.RayJob) bool { return j.Spec.Suspend }),
+		target:           target{kind: KindRayJob, group: ray.GroupVersion.Group, version: ray.GroupVersion.Version, resource: "rayjobs", mutate: PathMutateRayJob, validate: PathValidateRayJob},
+		templates:        decodeTemplates(mutation.RayJobTemplates, func(j *ray.RayJob) map[string]string { return j.Annotations }),
+		suspended:        suspendedBy(func(j *ray.RayJob) bool { return j.Spec.Suspend }),
+		unmanagedChecked: true,
 	},
 	KindRayCluster: {
-		target:    target{kind: KindRayCluster, group: ray.GroupVersion.Group, version: ray.GroupVersion.Version, resource: "rayclusters", mutate: PathMutateRayCluster, validate: PathValidateRayCluster},
-		templates: decodeTemplates(mutation.RayClusterTemplates, func(c *ray.RayCluster) map[string]string { return c.Annotations }),
-		suspended: suspendedBy(func(c *ray.RayCluster) bool { return c.Spec.Suspend != nil && *c.Spec.Suspend }),
+		target:           target{kind: KindRayCluster, group: ray.GroupVersion.Group, version: ray.GroupVersion.Version, resource: "rayclusters", mutate: PathMutateRayCluster, validate: PathValidateRayCluster},
+		templates:        decodeTemplates(mutation.RayClusterTemplates, func(c *ray.RayCluster) map[string]string { return c.Annotations }),
+		suspended:        suspendedBy(func(c *ray.RayCluster) bool { return c.Spec.Suspend != nil && *c.Spec.Suspend }),
+		unmanagedChecked: true,
 	},
 	KindMPIJob: {
-		target:    target{kind: KindMPIJob, group: mpi.SchemeGroupVersion.Group, version: mpi.SchemeGroupVersion.Version, resource: "mpijobs", mutate: PathMutateMPIJob, validate: PathValidateMPIJob},
-		templates: decodeTemplates(mutation.MPIJobTemplates, func(j *mpi.MPIJob) map[string]string { return j.Annotations }),
-		suspended: suspendedBy(func(j *mpi.MPIJob) bool { return j.Spec.RunPolicy.Suspend != nil && *j.Spec.RunPolicy.Suspend }),
+		target:           target{kind: KindMPIJob, group: mpi.SchemeGroupVersion.Group, version: mpi.SchemeGroupVersion.Version, resource: "mpijobs", mutate: PathMutateMPIJob, validate: PathValidateMPIJob},
+		templates:        decodeTemplates(mutation.MPIJobTemplates, func(j *mpi.MPIJob) map[string]string { return j.Annotations }),
+		suspended:        suspendedBy(func(j *mpi.MPIJob) bool { return j.Spec.RunPolicy.Suspend != nil && *j.Spec.RunPolicy.Suspend }),
+		unmanagedChecked: true,
 	},
 }
 

@@ -106,7 +106,7 @@ func TestOperatorKindWebhooks(t *testing.T) {
 			[]string{"/spec/template/spec/replicatedJobs/1/template/spec/template"}, "template.spec.replicatedJobs[node].template"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			m, _ := mutation.New(Config{})
+			m, _ := mutation.New(kindsConfig) // (these kinds meet the unmanaged-GPU policy at creation too)
 			req := request(t, admissionv1.Create, tc.obj, nil)
 			resp := Handlers(m, nil)[tc.mutate].Handle(context.Background(), req)
 			if !resp.Allowed || len(resp.Patches) == 0 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 
 	admissionv1 "k8s.io/api/admission/v1"
@@ -147,8 +148,8 @@ func (k kueueView) throughOwners(ctx context.Context, obj metav1.Object, creator
 				return &mutation.Unmanaged{Why: why}, true
 			}
 			why += fmt.Sprintf("; nor its owner %s %s (%s)", ref.Kind, ref.Name, k.whyNot(fw, owner.Labels))
-			if !intermediateOK(fw, metav1.GetControllerOf(owner)) {
-				why += fmt.Sprintf("; gpupack does not walk through a %s controlled by that owner", ref.Kind)
+			if no := k.intermediateOK(fw, metav1.GetControllerOf(owner)); no != "" {
+				why += fmt.Sprintf("; gpupack does not walk through a %s controlled by that owner: %s", ref.Kind, no)
 				return &mutation.Unmanaged{Why: why}, true
 			}
 			cur = owner
@@ -168,7 +169,23 @@ func (k kueueView) throughOwners(ctx context.Context, obj metav1.Object, creator
 			why += fmt.Sprintf("; its owner reference to %s %s names UID %s, which is not that object", ref.Kind, ref.Name, ref.UID)
 			return &mutation.Unmanaged{Why: why}, true
 		}
-		if k.m.ManagesItself(fw, owner.Labels) {
+		selfManaged := k.m.ManagesItself(fw, owner.Labels)
+		if selfManaged {
+			// Kueue takes an object whose controller chain reaches a job it
+			// manages as that job's child, whatever the object's own queue
+			// label (FindAncestorJobManagedByKueue, in
+			// WorkloadShouldBeSuspended and the job reconciler): it neither
+			// suspends it nor makes it a Workload. Its label counts only when
+			// no ancestor is managed; otherwise the walk goes on up through
+			// it (review 14, F2: a queue-labelled RayCluster naming a RayJob).
+			managed, err := k.ancestorManaged(ctx, obj.GetNamespace(), owner)
+			if err != nil {
+				why += fmt.Sprintf("; Kueue would take its owner %s %s as the child of its controller, %v", ref.Kind, ref.Name, err)
+				return &mutation.Unmanaged{Why: why}, true
+			}
+			selfManaged = !managed
+		}
+		if selfManaged {
 			// Kueue gates a pod whose managed ancestor is of its pod
 			// integration (a Pod, a Deployment's ReplicaSet, a
 			// StatefulSet, an LWS) only when the pod carries Kueue's
@@ -190,8 +207,8 @@ func (k kueueView) throughOwners(ctx context.Context, obj metav1.Object, creator
 			return &mutation.Unmanaged{Why: why}, true
 		}
 		why += fmt.Sprintf("; nor its owner %s %s (%s)", ref.Kind, ref.Name, k.whyNot(fw, owner.Labels))
-		if !intermediateOK(fw, metav1.GetControllerOf(owner)) {
-			why += fmt.Sprintf("; gpupack does not walk through a %s controlled by that owner", ref.Kind)
+		if no := k.intermediateOK(fw, metav1.GetControllerOf(owner)); no != "" {
+			why += fmt.Sprintf("; gpupack does not walk through a %s controlled by that owner: %s", ref.Kind, no)
 			return &mutation.Unmanaged{Why: why}, true
 		}
 		cur = owner
@@ -199,28 +216,88 @@ func (k kueueView) throughOwners(ctx context.Context, obj metav1.Object, creator
 	return &mutation.Unmanaged{Why: why}, false
 }
 
-// intermediateOK: the walk may go on up from an owner of framework that
-// Kueue does not manage by itself to its controller up. Jobs and
-// PyTorchJobs are checked at their own creation (their creator, by the
-// same rule); a JobSet only under a TrainJob, a RayCluster only under a
-// RayJob or RayService (the pairs their controllers make). Anything else
-// in the middle — a tenant's RayCluster, MPIJob or JobSet under her own
-// queued Job — would credit a trusted controller's pods to that job while
-// nothing suspends the middle link (third review, finding 3). An owner
+// intermediateOK says why not ("" when it may) the walk may go on up from
+// an owner of framework that Kueue does not manage by itself to its
+// controller up. Jobs and PyTorchJobs are checked at their own creation
+// (their creator, by the same rule); a JobSet only under a TrainJob, a
+// RayCluster only under a RayJob or RayService (the pairs their
+// controllers make), and only where gpupack checks that kind at its
+// creation too (a webhook entry: --job-kinds; checkedAtCreation): the
+// check is what makes sure the controller, not a tenant, made the middle
+// link. Anything else in the middle — a tenant's RayCluster, MPIJob or
+// JobSet under her own queued Job (third review, finding 3), her own
+// RayCluster under her own admitted RayJob where RayClusters have no
+// entry (review 14, F2) — would credit a trusted controller's pods to
+// that job while nothing suspends or counts the middle link. An owner
 // with no controller ends the walk anyway.
-func intermediateOK(framework string, up *metav1.OwnerReference) bool {
+func (k kueueView) intermediateOK(framework string, up *metav1.OwnerReference) string {
 	if up == nil {
-		return true
+		return ""
 	}
+	var kind string
 	switch framework {
 	case "batch/job", "kubeflow.org/pytorchjob":
-		return true
+		return ""
 	case "jobset.x-k8s.io/jobset":
-		return up.Kind == "TrainJob" && strings.HasPrefix(up.APIVersion, "trainer.kubeflow.org/")
+		if up.Kind != "TrainJob" || !strings.HasPrefix(up.APIVersion, "trainer.kubeflow.org/") {
+			return "only a TrainJob's JobSet is walked through"
+		}
+		kind = KindJobSet
 	case "ray.io/raycluster":
-		return (up.Kind == "RayJob" || up.Kind == "RayService") && strings.HasPrefix(up.APIVersion, "ray.io/")
+		if (up.Kind != "RayJob" && up.Kind != "RayService") || !strings.HasPrefix(up.APIVersion, "ray.io/") {
+			return "only a RayJob's or RayService's RayCluster is walked through"
+		}
+		kind = KindRayCluster
+	default:
+		return "nothing but a Job, a PyTorchJob, a TrainJob's JobSet or a RayJob's RayCluster is walked through"
 	}
-	return false
+	if !k.checkedAtCreation(kind) {
+		return fmt.Sprintf("%ss have no gpupack webhook entry (--job-kinds), so nothing checked who created it; add %s to --job-kinds (auto does where its CRD is served)", kind, kind)
+	}
+	return ""
+}
+
+// checkedAtCreation: gpupack's webhook for kind (of AllJobKinds) serves
+// here (mutation.Config.JobKinds, --job-kinds) and applies the
+// unmanaged-GPU policy to the object itself at its creation, so an object
+// of kind under a Kueue-managed owner was created by a controller the
+// policy trusts (CreatesForOwners).
+func (k kueueView) checkedAtCreation(kind string) bool {
+	return jobKinds[kind].unmanagedChecked && slices.Contains(k.m.Config().JobKinds, kind)
+}
+
+// ancestorManaged: Kueue takes obj as the child of a job it manages up
+// obj's controller chain (FindAncestorJobManagedByKueue: through owners of
+// any kind Kueue knows, found by name; managed when its integration runs
+// and it names a queue, or Kueue manages jobs without one). gpupack reads
+// each owner and checks its UID: one that cannot be read, or is another
+// object, is an error (Kueue may well find an object by that name).
+func (k kueueView) ancestorManaged(ctx context.Context, ns string, obj metav1.Object) (bool, error) {
+	seen := map[types.UID]bool{}
+	cur := obj
+	for depth := 0; depth < maxOwnerDepth; depth++ {
+		if seen[cur.GetUID()] {
+			return false, fmt.Errorf("a cycle of controller references")
+		}
+		seen[cur.GetUID()] = true
+		ref := metav1.GetControllerOf(cur)
+		if ref == nil {
+			return false, nil
+		}
+		fw := mutation.Framework(ref.APIVersion, ref.Kind)
+		if !k.m.Integrates(fw) && !mutation.KueueKnows(fw) && !(ref.APIVersion == "apps/v1" && ref.Kind == "ReplicaSet") {
+			return false, nil // Kueue stops at a kind it does not know
+		}
+		owner, err := k.owner(ctx, ns, ref)
+		if err != nil || owner.UID != ref.UID {
+			return false, fmt.Errorf("%s %s, which cannot be read or is not that object", ref.Kind, ref.Name)
+		}
+		if k.m.ManagesItself(fw, owner.Labels) {
+			return true, nil
+		}
+		cur = owner
+	}
+	return false, fmt.Errorf("a chain of controller references deeper than %d", maxOwnerDepth)
 }
 
 // podSetParent: up is a controller Kueue's pod integration takes ref's

@@ -325,7 +325,8 @@ func TestUnmanagedGPUsThroughAKindKueueKnowsButDoesNotRun(t *testing.T) {
 	jsPlain := &jobset.JobSet{ObjectMeta: metav1.ObjectMeta{Name: "js-plain", Namespace: "ns", UID: "u-js-plain", OwnerReferences: ctrlBy("TrainJob", "trainer.kubeflow.org/v1alpha1", "plain")}}
 	jsAlone := &jobset.JobSet{ObjectMeta: metav1.ObjectMeta{Name: "js-alone", Namespace: "ns", UID: "u-js-alone"}}
 	c := fake.NewClientBuilder().WithScheme(s).WithRuntimeObjects(queued, plain, jsQueued, jsPlain, jsAlone, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "ns"}}).Build()
-	m, err := mutation.New(mutation.Config{Kueue: mutation.KueueConfig{Frameworks: []string{"batch/job", "trainer.kubeflow.org/trainjob"}}})
+	cfg := mutation.Config{Kueue: mutation.KueueConfig{Frameworks: []string{"batch/job", "trainer.kubeflow.org/trainjob"}}, JobKinds: []string{KindJobSet}}
+	m, err := mutation.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -335,6 +336,17 @@ func TestUnmanagedGPUsThroughAKindKueueKnowsButDoesNotRun(t *testing.T) {
 		j.Spec.Template.Spec.Containers = []corev1.Container{{Name: "c", Image: "i", Resources: corev1.ResourceRequirements{
 			Limits: corev1.ResourceList{v1alpha1.ResourceNvidiaGPU: resource.MustParse("1")}}}}
 		return j
+	}
+	// Where JobSets have no webhook entry, nothing checked who made the
+	// JobSet (a tenant's own, under her queued TrainJob): not walked
+	// through (review 14, F2).
+	cfg.JobKinds = nil
+	unchecked, err := mutation.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp := Handlers(unchecked, c)[PathMutateJob].Handle(ctx, request(t, admissionv1.Create, job("js-queued"), nil)); resp.Allowed || !strings.Contains(resp.Result.Message, "JobSets have no gpupack webhook entry") {
+		t.Errorf("Job of a queued TrainJob's JobSet, JobSets unchecked at creation: allowed=%v %v", resp.Allowed, resp.Result)
 	}
 	if resp := h[PathMutateJob].Handle(ctx, request(t, admissionv1.Create, job("js-queued"), nil)); !resp.Allowed {
 		t.Errorf("Job of a queued TrainJob's JobSet denied: %v", resp.Result)

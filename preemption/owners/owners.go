@@ -236,7 +236,9 @@ func stepsUp(child, parent schema.GroupVersionKind) bool {
 // up through intermediate kinds (a JobSet pod's Job, then the JobSet, then
 // a TrainJob). Each step up checks the UID, so a recreated object of the
 // same name ends the walk. Read errors end it too: a pod event then maps to
-// fewer Workloads, never to a wrong one.
+// fewer Workloads, never to a wrong one. They find candidates (an index by
+// owner UID); whether a Workload is obj's is Belongs on Lineage, which
+// also matches group, kind and name.
 func (f Finder) Ancestors(ctx context.Context, obj client.Object) []types.UID {
 	uids := []types.UID{obj.GetUID()}
 	for _, ref := range f.AncestorRefs(ctx, obj) {
@@ -246,8 +248,12 @@ func (f Finder) Ancestors(ctx context.Context, obj client.Object) []types.UID {
 }
 
 // AncestorRefs are the controller references Ancestors follows, nearest
-// first (obj itself not included): the last one names the top of the
-// chain that the walk could check, by kind, name and UID.
+// first (obj itself not included). Every one but the last names an object
+// read and UID-checked; the last is the top as the object below it names
+// it, unread (a Workload owner's kind needs no read access), or one whose
+// read failed: a reference
+// its maker could have written to anything of a kind stepsUp allows, so
+// only a match on group, kind, name and UID (Belongs) counts.
 func (f Finder) AncestorRefs(ctx context.Context, obj client.Object) []metav1.OwnerReference {
 	var refs []metav1.OwnerReference
 	ref := metav1.GetControllerOf(obj)
@@ -311,21 +317,39 @@ func (f Finder) Top(ctx context.Context, obj client.Object) *metav1.PartialObjec
 	return nil
 }
 
+// Lineage is obj and the controllers Ancestors follows, as owner
+// references, nearest first: what Belongs matches a Workload's owners
+// against. obj's own reference is a Pod's when obj is a typed Pod (whose
+// TypeMeta a cache read leaves empty).
+func (f Finder) Lineage(ctx context.Context, obj client.Object) []metav1.OwnerReference {
+	gvk := obj.GetObjectKind().GroupVersionKind()
+	if _, ok := obj.(*corev1.Pod); ok && gvk.Kind == "" {
+		gvk = GVKPod
+	}
+	self := metav1.OwnerReference{APIVersion: gvk.GroupVersion().String(), Kind: gvk.Kind, Name: obj.GetName(), UID: obj.GetUID()}
+	return append([]metav1.OwnerReference{self}, f.AncestorRefs(ctx, obj)...)
+}
+
 // Belongs reports whether a pod belongs to Workload wl, as Kueue v0.17
 // relates them: wl is owned by the pod itself (a single pod's Workload, and
 // each member of a pod group: Kueue's pod controller makes every member an
 // owner of the group's Workload, ConstructComposableWorkload and
 // EnsureWorkloadOwnedByAllMembers) or by an object up the pod's controller
-// chain (ancestors: Finder.Ancestors, the pod's own UID first). The
-// pod-group label alone proves nothing (a tenant can label her pod with
-// any group's name); a group member that Kueue has not made an owner yet
-// stays gated until it has. A plan's slots are for its Workload's pods
-// only: a pod that names another job's plan would otherwise take that
-// job's slot (issue 14, finding 6).
-func Belongs(wl *kueue.Workload, ancestors []types.UID) bool {
+// chain (lineage: Finder.Lineage, the pod's own reference first). An owner
+// matches a link only as the same object — API group, kind, name and UID
+// (SameObject) — never by UID alone: the last link of a chain is a
+// controller reference the walk cannot vouch for (the tenant who made the
+// link below it wrote it), and a RayCluster naming "RayJob decoy" with the
+// UID of the victim's batch Job would otherwise be that Job's (issue 14,
+// finding 6, round 2, review 14 F1). The pod-group label alone proves
+// nothing (a tenant can label her pod with any group's name); a group
+// member that Kueue has not made an owner yet stays gated until it has. A
+// plan's slots are for its Workload's pods only: a pod that names another
+// job's plan would otherwise take that job's slot (issue 14, finding 6).
+func Belongs(wl *kueue.Workload, lineage []metav1.OwnerReference) bool {
 	for _, o := range wl.OwnerReferences {
-		for _, uid := range ancestors {
-			if uid != "" && o.UID == uid {
+		for _, l := range lineage {
+			if SameObject(o, l) {
 				return true
 			}
 		}
@@ -333,9 +357,20 @@ func Belongs(wl *kueue.Workload, ancestors []types.UID) bool {
 	return false
 }
 
+// SameObject: a and b name the same object — API group (any version),
+// kind, name and a UID that is set.
+func SameObject(a, b metav1.OwnerReference) bool {
+	if a.UID == "" || a.UID != b.UID || a.Kind != b.Kind || a.Name != b.Name {
+		return false
+	}
+	ga, errA := schema.ParseGroupVersion(a.APIVersion)
+	gb, errB := schema.ParseGroupVersion(b.APIVersion)
+	return errA == nil && errB == nil && ga.Group == gb.Group
+}
+
 // BelongsTo is Belongs for pod, walking up its controller chain with
-// Ancestors (each step UID-checked; a read that fails ends the walk, so a
+// Lineage (each step UID-checked; a read that fails ends the walk, so a
 // pod may be found not to belong, never wrongly to belong).
 func (f Finder) BelongsTo(ctx context.Context, pod *corev1.Pod, wl *kueue.Workload) bool {
-	return Belongs(wl, f.Ancestors(ctx, pod))
+	return Belongs(wl, f.Lineage(ctx, pod))
 }

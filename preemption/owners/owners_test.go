@@ -257,6 +257,30 @@ func TestAncestors(t *testing.T) {
 			t.Errorf("%s: (-want +got):\n%s", name, diff)
 		}
 	}
+	// Lineage names each link as an object (group, kind, name, UID) for
+	// Belongs, the typed pod's own (empty TypeMeta) as a Pod's.
+	want := []metav1.OwnerReference{
+		{APIVersion: "v1", Kind: "Pod", Name: "p", UID: "uid-p"},
+		ctrlRef(GVKJob, "js-w", "uid-js-w"),
+		ctrlRef(GVKJobSet, "js", "uid-js"),
+	}
+	if diff := cmp.Diff(want, f.Lineage(context.Background(), pod("p", ref(GVKJob, "js-w")))); diff != "" {
+		t.Errorf("Lineage of a JobSet pod: (-want +got):\n%s", diff)
+	}
+	// The top of the chain is as its child names it: a tenant's RayCluster
+	// (the walk reads it) naming "RayJob decoy" with another object's UID
+	// gives that reference, which Belongs matches as RayJob decoy only.
+	forged := metav1.OwnerReference{APIVersion: "ray.io/v1", Kind: "RayJob", Name: "decoy", UID: "uid-victim", Controller: ptr.To(true)}
+	rc := &metav1.PartialObjectMetadata{ObjectMeta: meta("alices-rc", "uid-alices-rc", &forged)}
+	rc.SetGroupVersionKind(GVKRayCluster)
+	rcl := fake.NewClientBuilder().WithScheme(scheme()).WithObjects(rc).Build()
+	lin := Finder{Reader: rcl}.Lineage(context.Background(), pod("w", ref(GVKRayCluster, "alices-rc")))
+	if diff := cmp.Diff([]metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: "w", UID: "uid-w"}, ctrlRef(GVKRayCluster, "alices-rc", "uid-alices-rc"), forged}, lin); diff != "" {
+		t.Errorf("Lineage of a forged RayCluster's pod: (-want +got):\n%s", diff)
+	}
+	if Belongs(workload("job-victim", ref(GVKJob, "victim")), lin) {
+		t.Error("the forged RayJob reference, with the victim Job's UID, belongs to the victim Job's Workload")
+	}
 	// A hostile cycle (a Job and a JobSet controlling each other) ends at
 	// the first step no chain makes (JobSet under a Job).
 	c = fake.NewClientBuilder().WithScheme(scheme()).WithObjects(job("loop-a", ref(GVKJobSet, "loop-b")), &jobset.JobSet{ObjectMeta: meta("loop-b", "uid-loop-b", ref(GVKJob, "loop-a"))}).Build()

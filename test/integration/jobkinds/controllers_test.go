@@ -130,6 +130,7 @@ func (a *fakeTrainer) tick(t *testing.T) {
 type controllerSuite struct {
 	env *framework.Env
 	ns  string
+	cfg webhooks.Config // the webhooks' configuration (its JobKinds: kinds)
 }
 
 func startControllerSuite(t *testing.T, opts framework.Options, kinds ...string) *controllerSuite {
@@ -143,7 +144,10 @@ func startControllerSuite(t *testing.T, opts framework.Options, kinds ...string)
 	env.MustCreate(t, framework.MakeGangFitCheck("gang-fit", "gf"))
 	env.MustCreate(t, &kueue.WorkloadPriorityClass{ObjectMeta: metav1.ObjectMeta{Name: "low"}, Value: 10})
 	env.MustCreate(t, &kueue.WorkloadPriorityClass{ObjectMeta: metav1.ObjectMeta{Name: "high"}, Value: 1000})
-	cfg := webhooks.Config{Kueue: mutation.KueueConfig{Frameworks: opts.KueueFrameworks()}}
+	// JobKinds as the manager sets them (--job-kinds): the owner walk
+	// passes a RayCluster or JobSet only where its kind is checked at
+	// creation.
+	cfg := webhooks.Config{Kueue: mutation.KueueConfig{Frameworks: opts.KueueFrameworks()}, JobKinds: kinds}
 	wopts := env.WebhookServer()
 	env.StartManager(t, func(mgr ctrl.Manager) error {
 		if err := webhooks.Setup(mgr, cfg); err != nil {
@@ -168,7 +172,7 @@ func startControllerSuite(t *testing.T, opts framework.Options, kinds ...string)
 	env.MustCreate(t, framework.MakeResourceFlavor("gpu"))
 	env.MustCreate(t, framework.MakeClusterQueue("cq").GPUFlavor("gpu", 2, framework.H100).AdmissionChecks("gang-fit").
 		Preemption(kueue.ClusterQueuePreemption{WithinClusterQueue: kueue.PreemptionPolicyLowerPriority}).Obj())
-	s := &controllerSuite{env: env, ns: env.Namespace(t, "team")}
+	s := &controllerSuite{env: env, ns: env.Namespace(t, "team"), cfg: cfg}
 	env.MustCreate(t, framework.MakeLocalQueue("lq", s.ns, "cq"))
 	return s
 }

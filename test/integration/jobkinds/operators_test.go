@@ -151,11 +151,12 @@ func nested(t *testing.T, obj map[string]any, path []string) map[string]any {
 func TestRayAndMPIJobsCountedByKueue(t *testing.T) {
 	kueueOpts := framework.Options{RayMPI: true}
 	env := framework.Start(t, kueueOpts)
-	cfg := webhooks.Config{Kueue: mutation.KueueConfig{Frameworks: kueueOpts.KueueFrameworks()}}
+	cfg := webhooks.Config{Kueue: mutation.KueueConfig{Frameworks: kueueOpts.KueueFrameworks()},
+		JobKinds: []string{webhooks.KindRayJob, webhooks.KindRayCluster, webhooks.KindMPIJob}}
 	opts := env.WebhookServer()
 	env.StartManager(t, func(mgr ctrl.Manager) error { return webhooks.Setup(mgr, cfg) }, opts)
 	serve := webhooks.DefaultServeOptions()
-	serve.JobKinds = []string{webhooks.KindRayJob, webhooks.KindRayCluster, webhooks.KindMPIJob}
+	serve.JobKinds = cfg.JobKinds
 	mwc, vwc := webhooks.WebhookConfigurations(serve)
 	env.InstallWebhooks(t, opts, mwc, vwc)
 	env.MustCreate(t, &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]any{"name": "ml-team"}}})

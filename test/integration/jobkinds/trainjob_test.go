@@ -29,7 +29,6 @@ import (
 	"github.com/gpupack/gpupack/preemption/ladder"
 	"github.com/gpupack/gpupack/test/framework"
 	"github.com/gpupack/gpupack/webhooks"
-	"github.com/gpupack/gpupack/webhooks/mutation"
 	trainer "github.com/gpupack/gpupack/webhooks/mutation/trainerapi/v1alpha1"
 )
 
@@ -406,7 +405,7 @@ func TestTrainJobControllerTenantLDPreloadNeverReachesAPod(t *testing.T) {
 	s := startControllerSuite(t, opts,
 		webhooks.KindTrainJob, webhooks.KindTrainingRuntime, webhooks.KindClusterTrainingRuntime, webhooks.KindJobSet)
 	env := s.env
-	serve, err := webhooks.DefaultServeOptions().WithFastPath(webhooks.Config{Kueue: mutation.KueueConfig{Frameworks: opts.KueueFrameworks()}})
+	serve, err := webhooks.DefaultServeOptions().WithFastPath(s.cfg)
 	if err != nil || serve.TemplateFingerprint == "" {
 		t.Fatalf("fingerprint: %q %v", serve.TemplateFingerprint, err)
 	}

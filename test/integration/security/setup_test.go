@@ -75,9 +75,20 @@ func startClusterWith(t *testing.T, jobKinds []string) *cluster {
 // editor roles aggregate to edit).
 func startClusterOpts(t *testing.T, opts framework.Options, jobKinds []string) *cluster {
 	t.Helper()
+	return startClusterCfg(t, opts, jobKinds, webhooks.Config{})
+}
+
+// startClusterCfg is startClusterOpts with gpupack's webhook configuration
+// cfg (its JobKinds, when unset, are jobKinds: the manager sets both from
+// --job-kinds).
+func startClusterCfg(t *testing.T, opts framework.Options, jobKinds []string, cfg webhooks.Config) *cluster {
+	t.Helper()
+	if cfg.JobKinds == nil {
+		cfg.JobKinds = jobKinds
+	}
 	serve := webhooks.DefaultServeOptions()
 	serve.JobKinds = jobKinds
-	return startClusterServing(t, opts, serve, func(_ *framework.Env, mgr ctrl.Manager) error { return webhooks.Setup(mgr, webhooks.Config{}) })
+	return startClusterServing(t, opts, serve, func(_ *framework.Env, mgr ctrl.Manager) error { return webhooks.Setup(mgr, cfg) })
 }
 
 // startClusterServing is startClusterOpts with the manager's setup and the

@@ -1,0 +1,122 @@
+package webhooks
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	ray "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
+	admissionv1 "k8s.io/api/admission/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	kruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	"github.com/gpupack/gpupack/webhooks/mutation"
+)
+
+// Review 14, F2 (and the pod side of F1): Kueue takes an object whose
+// controller chain reaches a job it manages as that job's child, whatever
+// its own queue label (FindAncestorJobManagedByKueue), so the owner walk
+// may not count such an owner as managed by its own label; and it walks
+// a RayCluster up to its RayJob (a JobSet up to its TrainJob) only where
+// gpupack checks that kind at its creation (the creator of the middle link).
+func TestOwnerWalkReview14(t *testing.T) {
+	const kuberay = "system:serviceaccount:ray-system:kuberay-operator"
+	queue := map[string]string{mutation.LabelQueueName: "q"}
+	ctl := func(apiVersion, kind, name, uid string) []metav1.OwnerReference {
+		return []metav1.OwnerReference{{APIVersion: apiVersion, Kind: kind, Name: name, UID: types.UID(uid), Controller: ptr.To(true)}}
+	}
+	rayJob := func(name string, labels map[string]string, owners []metav1.OwnerReference) *ray.RayJob {
+		return &ray.RayJob{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", UID: types.UID("u-" + name), Labels: labels, OwnerReferences: owners}}
+	}
+	rayCluster := func(name string, labels map[string]string, owners []metav1.OwnerReference) *ray.RayCluster {
+		return &ray.RayCluster{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", UID: types.UID("u-" + name), Labels: labels, OwnerReferences: owners}}
+	}
+	objs := []client.Object{
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "ns"}},
+		&batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "victim", Namespace: "ns", UID: "u-victim", Labels: queue}},
+		rayJob("decoy", queue, nil), // alice's queued (admitted) CPU RayJob
+		rayJob("plain", nil, nil),   // a RayJob Kueue does not manage
+		rayJob("under-job", queue, ctl("batch/v1", "Job", "victim", "u-victim")),     // a queued RayJob under a queued Job
+		rayCluster("forged", queue, ctl("ray.io/v1", "RayJob", "decoy", "u-victim")), // F1: names RayJob decoy with the victim Job's UID
+		rayCluster("labelled-under-decoy", queue, ctl("ray.io/v1", "RayJob", "decoy", "u-decoy")),
+		rayCluster("under-decoy", nil, ctl("ray.io/v1", "RayJob", "decoy", "u-decoy")), // F2
+		rayCluster("labelled-under-plain", queue, ctl("ray.io/v1", "RayJob", "plain", "u-plain")),
+		rayCluster("standalone", queue, nil),
+		rayCluster("of-under-job", nil, ctl("ray.io/v1", "RayJob", "under-job", "u-under-job")),
+	}
+	s := kruntime.NewScheme()
+	_ = corev1.AddToScheme(s)
+	_ = batchv1.AddToScheme(s)
+	_ = ray.AddToScheme(s)
+	c := fake.NewClientBuilder().WithScheme(s).WithObjects(objs...).Build()
+	frameworks := []string{"batch/job", "ray.io/rayjob", "ray.io/raycluster"}
+	withEntry := mutation.Config{Kueue: mutation.KueueConfig{Frameworks: frameworks}, JobKinds: []string{KindRayJob, KindRayCluster}}
+	noEntry := mutation.Config{Kueue: mutation.KueueConfig{Frameworks: frameworks}}
+	for _, tc := range []struct {
+		name    string
+		cfg     mutation.Config
+		cluster string // the worker pod's controller, made by KubeRay
+		deny    string // "" admitted; else a part of the denial
+	}{
+		{"F1: queue-labelled RayCluster naming RayJob decoy with another UID", withEntry, "forged", "RayJob decoy, which cannot be read or is not that object"},
+		{"F1, no RayCluster entry", noEntry, "forged", "RayJob decoy, which cannot be read or is not that object"},
+		{"F2: RayCluster under an admitted RayJob, no RayCluster entry", noEntry, "under-decoy", "RayClusters have no gpupack webhook entry"},
+		{"queue-labelled RayCluster under an admitted RayJob, no RayCluster entry", noEntry, "labelled-under-decoy", "RayClusters have no gpupack webhook entry"},
+		{"KubeRay's RayCluster of a queued RayJob (its creation checked)", withEntry, "under-decoy", ""},
+		{"KubeRay's queue-labelled RayCluster of a queued RayJob", withEntry, "labelled-under-decoy", ""},
+		{"queue-labelled RayCluster under a RayJob Kueue does not manage (Kueue takes it by its label)", noEntry, "labelled-under-plain", ""},
+		{"standalone queue-labelled RayCluster", noEntry, "standalone", ""},
+		{"queue-labelled RayJob under a queued batch Job (Kueue's child of the Job, never suspended)", withEntry, "of-under-job", "gpupack does not walk through a RayJob controlled by that owner"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, err := mutation.New(tc.cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pod := wholeGPUPod("ns", "4")
+			pod.OwnerReferences = ctl("ray.io/v1", "RayCluster", tc.cluster, "u-"+tc.cluster)
+			req := request(t, admissionv1.Create, pod, nil)
+			req.UserInfo = authenticationv1.UserInfo{Username: kuberay}
+			resp := Handlers(m, c)[PathMutatePod].Handle(context.Background(), req)
+			switch {
+			case tc.deny == "" && !resp.Allowed:
+				t.Errorf("denied: %v", resp.Result.Message)
+			case tc.deny != "" && resp.Allowed:
+				t.Errorf("admitted; want a denial saying %q", tc.deny)
+			case tc.deny != "" && !strings.Contains(resp.Result.Message, tc.deny):
+				t.Errorf("denial %q does not say %q", resp.Result.Message, tc.deny)
+			}
+		})
+	}
+
+	// At creation: a RayCluster (RayJob, MPIJob) is checked as a JobSet is.
+	// alice's own GPU RayCluster under her admitted RayJob is refused;
+	// KubeRay's is not.
+	m, err := mutation.New(withEntry)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		user string
+		deny bool
+	}{{"alice", true}, {kuberay, false}} {
+		rc := testRayCluster(nil, gpuTemplate(nil, "4"))
+		rc.OwnerReferences = ctl("ray.io/v1", "RayJob", "decoy", "u-decoy")
+		req := request(t, admissionv1.Create, rc, nil)
+		req.UserInfo = authenticationv1.UserInfo{Username: tc.user}
+		resp := Handlers(m, c)[PathMutateRayCluster].Handle(context.Background(), req)
+		if resp.Allowed == tc.deny {
+			t.Errorf("GPU RayCluster under RayJob decoy created by %s: allowed=%v %v", tc.user, resp.Allowed, resp.Result)
+		}
+		if tc.deny && !strings.Contains(resp.Result.Message, "not by a controller gpupack trusts") {
+			t.Errorf("denial names no creator: %v", resp.Result.Message)
+		}
+	}
+}
