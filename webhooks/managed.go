@@ -248,8 +248,20 @@ func (k kueueView) intermediateOK(framework string, up *metav1.OwnerReference) s
 			return "only a RayJob's or RayService's RayCluster is walked through"
 		}
 		kind = KindRayCluster
+	case "pod", "statefulset":
+		// An LWS group: its worker StatefulSet's owner is the leader Pod,
+		// which the leader StatefulSet controls, which the LWS controls
+		// (with Kueue's LWS integration and not its pod integration, these
+		// are kinds Kueue knows but does not run). The leader Pod is the
+		// StatefulSet controller's, the StatefulSets the LWS controller's,
+		// and the object under them is judged with its own creator.
+		if (framework == "pod" && up.APIVersion == "apps/v1" && up.Kind == "StatefulSet") ||
+			(framework == "statefulset" && up.Kind == "LeaderWorkerSet" && strings.HasPrefix(up.APIVersion, "leaderworkerset.x-k8s.io/")) {
+			return ""
+		}
+		return "only an LWS group's leader Pod (under its StatefulSet) and StatefulSet (under its LWS) are walked through"
 	default:
-		return "nothing but a Job, a PyTorchJob, a TrainJob's JobSet or a RayJob's RayCluster is walked through"
+		return "nothing but a Job, a PyTorchJob, a TrainJob's JobSet, a RayJob's RayCluster or an LWS group's leader Pod and StatefulSet is walked through"
 	}
 	if !k.checkedAtCreation(kind) {
 		return fmt.Sprintf("%ss have no gpupack webhook entry (--job-kinds), so nothing checked who created it; add %s to --job-kinds (auto does where its CRD is served)", kind, kind)

@@ -25,7 +25,10 @@ import (
 // (Kueue's own unit tests build the pod sets from them).
 func TestOperatorKindsConvertedAtApply(t *testing.T) {
 	env := framework.Start(t, framework.Options{NoKueue: true, OperatorCRDs: true})
-	cfg := webhooks.Config{}
+	// As where these kinds run under Kueue: its integrations for them on
+	// (their objects are checked as Kueue's at creation).
+	cfg := webhooks.Config{Kueue: mutation.KueueConfig{Frameworks: append(append([]string(nil), mutation.DefaultKueueFrameworks...),
+		"ray.io/rayjob", "ray.io/raycluster", "kubeflow.org/mpijob", "trainer.kubeflow.org/trainjob")}}
 	opts := env.WebhookServer()
 	env.StartManager(t, func(mgr ctrl.Manager) error { return webhooks.Setup(mgr, cfg) }, opts)
 	serve := webhooks.DefaultServeOptions()

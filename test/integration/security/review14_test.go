@@ -7,9 +7,11 @@ package security
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -213,9 +215,23 @@ func TestForgedRayJobOwnerAddedLaterTakesNoSlot(t *testing.T) {
 		t.Fatal(err)
 	}
 	cur.OwnerReferences = []metav1.OwnerReference{forged}
-	if err := c.aliceSelf.Update(ctx, cur); err != nil {
-		t.Fatalf("alice's RayCluster update to the forged controller: %v", err)
+	// The policy gpupack-job-plan refuses this (a planned RayCluster's
+	// owners are frozen): that layer is checked in jobplan_test.go. To
+	// attack the ungater alone, its binding goes first.
+	if err := c.aliceSelf.Update(ctx, cur.DeepCopy()); err == nil || !strings.Contains(err.Error(), "gpupack-job-plan") {
+		t.Errorf("alice's owner change on her planned RayCluster: err %v, want gpupack-job-plan's denial", err)
 	}
+	if err := env.Client.Delete(ctx, &admissionregistrationv1.ValidatingAdmissionPolicyBinding{ObjectMeta: metav1.ObjectMeta{Name: "gpupack-job-plan"}}); err != nil {
+		t.Fatal(err)
+	}
+	env.Eventually(t, 30*time.Second, "the owner change once gpupack-job-plan is unbound", func() (bool, string) {
+		if err := c.aliceSelf.Get(ctx, client.ObjectKeyFromObject(rc), cur); err != nil {
+			return false, err.Error()
+		}
+		cur.OwnerReferences = []metav1.OwnerReference{forged}
+		err := c.aliceSelf.Update(ctx, cur)
+		return err == nil, fmt.Sprint(err)
+	})
 	p := &corev1.Pod{}
 	if err := c.aliceSelf.Get(ctx, client.ObjectKeyFromObject(pod), p); err != nil {
 		t.Fatal(err)
