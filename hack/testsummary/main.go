@@ -36,6 +36,24 @@ func recap(name, out string) string {
 	return fmt.Sprintf("--- %s\n%s\n", name, strings.Join(lines, "\n"))
 }
 
+// skipReason is the last line the skipped test wrote itself (t.Skip's
+// message), or "" when it wrote none.
+func skipReason(b *strings.Builder) string {
+	if b == nil {
+		return ""
+	}
+	reason := ""
+	for _, l := range strings.Split(b.String(), "\n") {
+		if testLine.MatchString(l) {
+			reason = strings.TrimSpace(l)
+		}
+	}
+	if len(reason) > 300 {
+		reason = reason[:300] + "…"
+	}
+	return reason
+}
+
 type event struct {
 	Action  string
 	Package string
@@ -47,7 +65,7 @@ type event struct {
 func main() {
 	outputs := map[string]*strings.Builder{} // package/test → output
 	var passed, failed, skipped int
-	var failedTests []string
+	var failedTests, skippedTests []string
 	pkgResults := map[string]string{}
 	sc := bufio.NewScanner(os.Stdin)
 	sc.Buffer(make([]byte, 1<<20), 1<<26)
@@ -90,6 +108,7 @@ func main() {
 				failedTests = append(failedTests, key)
 			case "skip":
 				skipped++
+				skippedTests = append(skippedTests, key)
 			}
 		}
 	}
@@ -112,6 +131,13 @@ func main() {
 			if b := outputs[k]; b != nil && !strings.HasSuffix(k, " ") {
 				fmt.Print(recap(k, b.String()))
 			}
+		}
+	}
+	if len(skippedTests) > 0 {
+		sort.Strings(skippedTests)
+		fmt.Printf("\n=== skipped (each with its reason) ===\n")
+		for _, k := range skippedTests {
+			fmt.Printf("%s: %s\n", k, skipReason(outputs[k]))
 		}
 	}
 	fmt.Printf("\n%d passed, %d failed, %d skipped\n", passed, failed, skipped)
