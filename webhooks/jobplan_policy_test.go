@@ -15,7 +15,7 @@ import (
 
 // readPolicy reads a policy file of manifests/base/policy: its policy and
 // binding.
-func readPolicy(t *testing.T, file string) (admissionregistrationv1.ValidatingAdmissionPolicy, admissionregistrationv1.ValidatingAdmissionPolicyBinding) {
+func readPolicy(t testing.TB, file string) (admissionregistrationv1.ValidatingAdmissionPolicy, admissionregistrationv1.ValidatingAdmissionPolicyBinding) {
 	t.Helper()
 	raw, err := os.ReadFile("../manifests/base/policy/" + file)
 	if err != nil {

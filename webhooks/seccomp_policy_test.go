@@ -1,52 +1,25 @@
 package webhooks
 
 import (
-	"os"
+	"fmt"
 	"strings"
 	"testing"
-
-	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
-	"sigs.k8s.io/yaml"
 )
 
 // The gpupack-seccomp policy (manifests/base/policy/seccomp.yaml) is the
 // backstop for the pod webhook's seccomp rule: it must call the same pods
-// GPU pods (gpuResources, as the match conditions do) and leave out the
-// namespaces the webhooks leave out. Its behaviour is tested against the
-// real apiserver in test/integration/security.
+// GPU pods (gpuResources, as the match conditions do; TestPodPoliciesDecide
+// asks it about each) and leave out the namespaces the webhooks leave out.
+// Its behaviour is tested against the real apiserver in
+// test/integration/security.
 func TestSeccompPolicyMatchesTheWebhooks(t *testing.T) {
-	raw, err := os.ReadFile("../manifests/base/policy/seccomp.yaml")
-	if err != nil {
-		t.Fatal(err)
+	vap, binding := readPolicy(t, "seccomp.yaml")
+	set := make([]string, len(gpuResources))
+	for i, r := range gpuResources {
+		set[i] = fmt.Sprintf("'%s'", r)
 	}
-	var vap admissionregistrationv1.ValidatingAdmissionPolicy
-	var binding admissionregistrationv1.ValidatingAdmissionPolicyBinding
-	for _, doc := range strings.Split(string(raw), "\n---\n") {
-		var meta struct{ Kind string }
-		if err := yaml.Unmarshal([]byte(doc), &meta); err != nil {
-			t.Fatal(err)
-		}
-		switch meta.Kind {
-		case "ValidatingAdmissionPolicy":
-			err = yaml.UnmarshalStrict([]byte(doc), &vap)
-		case "ValidatingAdmissionPolicyBinding":
-			err = yaml.UnmarshalStrict([]byte(doc), &binding)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	var gpu string
-	for _, c := range vap.Spec.MatchConditions {
-		if c.Name == "asks-for-gpus" {
-			gpu = c.Expression
-		}
-	}
-	if !strings.Contains(gpu, celList(gpuResources)+".exists(") {
-		t.Errorf("policy %s's asks-for-gpus condition does not test the webhooks' GPU resources %s:\n%s", vap.Name, celList(gpuResources), gpu)
-	}
-	if binding.Spec.PolicyName != vap.Name || len(binding.Spec.ValidationActions) != 1 || binding.Spec.ValidationActions[0] != admissionregistrationv1.Deny {
-		t.Errorf("binding %s does not deny for %s", binding.Name, vap.Name)
+	if got, want := variable(vap, "gpuResources"), "["+strings.Join(set, ", ")+"]"; got != want {
+		t.Errorf("policy %s's gpuResources are not the webhooks' GPU resources:\n got %s\nwant %s", vap.Name, got, want)
 	}
 	mwc, _ := WebhookConfigurations(DefaultServeOptions())
 	want := mwc.Webhooks[0].NamespaceSelector
