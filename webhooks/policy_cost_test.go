@@ -55,7 +55,13 @@ func compilePolicyParts(vap *admissionregistrationv1.ValidatingAdmissionPolicy) 
 		for i := range vap.Spec.MatchConditions {
 			conds[i] = (*matchconditions.MatchCondition)(&vap.Spec.MatchConditions[i])
 		}
-		match = compiler.CompileCondition(conds, vars, environment.StoredExpressions)
+		// Compiled without the policy's variables: the apiserver refuses a
+		// policy whose match conditions read them.
+		plain, err := plugincel.NewCompositedCompiler(environment.MustBaseEnvSet(environment.DefaultCompatibilityVersion()))
+		if err != nil {
+			return validating.NewValidator(nil, nil, nil, nil, vap.Spec.FailurePolicy, err), nil
+		}
+		match = plain.CompileCondition(conds, vars, environment.StoredExpressions)
 		matcher = matchconditions.NewMatcher(match, vap.Spec.FailurePolicy, "policy", "validate", vap.Name)
 	}
 	validations := make([]plugincel.ExpressionAccessor, len(vap.Spec.Validations))
