@@ -534,6 +534,9 @@ func TestPodGroupCreatorStampForgedOrChanged(t *testing.T) {
 	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "own"}, cur); err != nil {
 		t.Fatal(err)
 	}
+	if cur.Annotations == nil {
+		cur.Annotations = map[string]string{}
+	}
 	cur.Annotations[v1alpha1.AnnotationCreatedBy] = "bob"
 	denied(t, "an admin changing the stamp through pods/status", env.Client.Status().Update(ctx, cur), frozen)
 }
