@@ -134,6 +134,17 @@ func ephemeralUpdate(p *corev1.Pod, c corev1.EphemeralContainer, username string
 	return va
 }
 
+// podUpdate is an update of old to p (the pods resource) as admission sees it.
+func podUpdate(old, p *corev1.Pod, username string) *admission.VersionedAttributes {
+	kind := corev1.SchemeGroupVersion.WithKind("Pod")
+	attr := admission.NewAttributesRecord(p, old, kind, p.Namespace, p.Name, corev1.SchemeGroupVersion.WithResource("pods"), "",
+		admission.Update, &metav1.UpdateOptions{}, false, &user.DefaultInfo{Name: username})
+	va := &admission.VersionedAttributes{Attributes: attr, VersionedKind: kind}
+	va.VersionedObject.Set(p)
+	va.VersionedOldObject.Set(old)
+	return va
+}
+
 type policyCase struct {
 	name   string
 	attr   *admission.VersionedAttributes
@@ -230,6 +241,34 @@ func TestPodPoliciesDecide(t *testing.T) {
 			cases = append(cases, policyCase{fmt.Sprintf("unconfined, %s (limit %v)", r, asLimit), podCreate(p, alice), "gpupack-seccomp"})
 		}
 	}
+	// The creator stamp of a Kueue pod group's pod (review 14 F3).
+	stamped := func(user string) *corev1.Pod {
+		p := pods.gpuConfined.DeepCopy()
+		p.Labels = map[string]string{"kueue.x-k8s.io/pod-group-name": "g"}
+		p.Annotations = map[string]string{v1alpha1.AnnotationCreatedBy: user}
+		return p
+	}
+	restamp := func(user string) *corev1.Pod {
+		p := stamped(alice)
+		if user == "" {
+			delete(p.Annotations, v1alpha1.AnnotationCreatedBy)
+		} else {
+			p.Annotations[v1alpha1.AnnotationCreatedBy] = user
+		}
+		return p
+	}
+	relabelled := stamped(alice)
+	relabelled.Labels["app"] = "trainer"
+	const manager = "system:serviceaccount:gpupack-system:gpupack-manager"
+	cases = append(cases,
+		policyCase{"pod-group pod stamped by its creator", podCreate(stamped(alice), alice), ""},
+		policyCase{"pod-group pod stamped as another user's", podCreate(stamped("bob"), alice), "gpupack-placement"},
+		policyCase{"pod stamped empty", podCreate(stamped(""), alice), "gpupack-placement"},
+		policyCase{"stamp changed by an update", podUpdate(stamped(alice), restamp("bob"), alice), "gpupack-placement"},
+		policyCase{"stamp removed by the manager", podUpdate(stamped(alice), restamp(""), manager), "gpupack-placement"},
+		policyCase{"stamp added by an update", podUpdate(pods.gpuConfined, stamped(alice), alice), "gpupack-placement"},
+		policyCase{"an update keeping the stamp", podUpdate(stamped(alice), relabelled, alice), ""},
+	)
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			for name, v := range policies {

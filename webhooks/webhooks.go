@@ -203,7 +203,7 @@ func (h *podMutator) Handle(ctx context.Context, req admission.Request) admissio
 	// The job at the top of the pod's controller chain, read once (live)
 	// for the job id and the checkpoint class.
 	top := topOf(ctx, h.kv, pod)
-	pc := mutation.PodContext{ResumeStep: h.resumeStep(ctx, pod), JobID: jobIDOf(pod, top)}
+	pc := mutation.PodContext{ResumeStep: h.resumeStep(ctx, pod), JobID: jobIDOf(pod, top), Creator: req.UserInfo.Username}
 	pc.Class, pc.ClassKnown = h.priorityClass(ctx, pod, top)
 	warn, err := h.m.AdmitPod(pod, pc)
 	if err != nil {
@@ -223,7 +223,8 @@ func (h *podMutator) Handle(ctx context.Context, req admission.Request) admissio
 	}
 	resp := specPatch(before, pod.Spec, warn)
 	if !maps.Equal(beforeAnn, pod.Annotations) {
-		// A tenant's gpupack.io/devices was removed.
+		// A tenant's gpupack.io/devices was removed, or a pod group
+		// member's gpupack.io/created-by written.
 		ann := pod.Annotations
 		if ann == nil {
 			ann = map[string]string{}

@@ -340,3 +340,37 @@ func TestValidatePodCreateOption(t *testing.T) {
 		}
 	}
 }
+
+// The pod webhook stamps a Kueue pod group's pod with the requesting user
+// (review 14 F3), replacing a forged stamp; a pod of no group gets none.
+func TestPodHandlerStampsPodGroupCreator(t *testing.T) {
+	ctx := context.Background()
+	h := handlers(t, mutation.Config{Kueue: mutation.KueueConfig{ManageJobsWithoutQueueName: true, Frameworks: []string{"pod"}}})
+	for _, tc := range []struct {
+		name  string
+		group bool
+		want  string
+	}{
+		{"a pod-group pod with bob's stamp, created by alice", true, "alice"},
+		{"a pod of no group", false, "bob"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns", Annotations: map[string]string{v1alpha1.AnnotationCreatedBy: "bob"}},
+				Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "i",
+					Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{v1alpha1.ResourceNvidiaGPU: resource.MustParse("1")}}}}}}
+			if tc.group {
+				pod.Labels = map[string]string{"kueue.x-k8s.io/pod-group-name": "g"}
+			}
+			req := asTenant(request(t, admissionv1.Create, pod, nil))
+			resp := h[PathMutatePod].Handle(ctx, req)
+			if !resp.Allowed {
+				t.Fatalf("denied: %v", resp.Result)
+			}
+			var got corev1.Pod
+			apply(t, req, resp, &got)
+			if s := got.Annotations[v1alpha1.AnnotationCreatedBy]; s != tc.want {
+				t.Errorf("%s = %q, want %q (annotations %v)", v1alpha1.AnnotationCreatedBy, s, tc.want, got.Annotations)
+			}
+		})
+	}
+}

@@ -24,6 +24,10 @@ import (
 	trainer "github.com/gpupack/gpupack/webhooks/mutation/trainerapi/v1alpha1"
 )
 
+// DefaultUser is who `gpupack mutate` creates the objects as when --user
+// is not given (the cluster writes the requester's own name).
+const DefaultUser = "mutate-user"
+
 // Exit codes.
 const (
 	ExitOK     = 0
@@ -37,8 +41,9 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	file := fs.String("f", "", "manifest to mutate (YAML; several documents allowed; - for stdin)")
 	cfgPath := fs.String("config", "", "webhook configuration (YAML); default: built-in defaults")
+	user := fs.String("user", DefaultUser, "the user name the objects are created as: the webhook writes it into gpupack.io/created-by of a Kueue pod group's pods (label kueue.x-k8s.io/pod-group-name)")
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: gpupack mutate -f FILE.yaml [--config CONFIG.yaml]\n\n"+
+		fmt.Fprintf(stderr, "usage: gpupack mutate -f FILE.yaml [--config CONFIG.yaml] [--user NAME]\n\n"+
 			"Prints the objects as gpupack's webhooks would admit them (exit 0), or the\n"+
 			"denial (exit 1). Warnings go to stderr. Handles Pod, batch/v1 Job,\n"+
 			"kubeflow.org/v1 PyTorchJob, JobSet, LeaderWorkerSet, Deployment,\n"+
@@ -77,7 +82,7 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	docs := splitDocuments(data)
 	var out []string
 	for i, doc := range docs {
-		res, warn, err := mutateDocument(m, doc)
+		res, warn, err := mutateDocument(m, doc, *user)
 		for _, w := range warn {
 			fmt.Fprintf(stderr, "Warning: %s\n", w)
 		}
@@ -127,7 +132,7 @@ func stripComments(d []byte) []byte {
 
 // mutateDocument returns the mutated YAML, the warnings, and a denial (or a
 // *badInput for documents that are not valid objects).
-func mutateDocument(m *mutation.Mutator, doc []byte) (string, []string, error) {
+func mutateDocument(m *mutation.Mutator, doc []byte, user string) (string, []string, error) {
 	var tm metav1.TypeMeta
 	if err := yaml.Unmarshal(doc, &tm); err != nil {
 		return "", nil, &badInput{fmt.Errorf("not YAML: %w", err)}
@@ -141,7 +146,7 @@ func mutateDocument(m *mutation.Mutator, doc []byte) (string, []string, error) {
 		if err := yaml.UnmarshalStrict(doc, p); err != nil {
 			return "", nil, &badInput{err}
 		}
-		if warn, err = m.AdmitPod(p, mutation.PodContext{}); err == nil {
+		if warn, err = m.AdmitPod(p, mutation.PodContext{Creator: user}); err == nil {
 			err = m.ValidatePod(p)
 		}
 		obj = p

@@ -108,6 +108,44 @@ func TestMain_PodOutput(t *testing.T) {
 	}
 }
 
+// A Kueue pod group's pod shows the creator stamp the webhook writes:
+// --user's name, or DefaultUser (review 14 F3).
+func TestMain_PodGroupCreator(t *testing.T) {
+	const doc = `apiVersion: v1
+kind: Pod
+metadata:
+  name: p
+  labels:
+    kueue.x-k8s.io/queue-name: lq
+    kueue.x-k8s.io/pod-group-name: g
+  annotations:
+    gpupack.io/created-by: somebody-else
+spec:
+  containers:
+  - name: c
+    image: i
+    resources:
+      limits:
+        nvidia.com/gpu: 1
+`
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{{nil, DefaultUser}, {[]string{"--user", "alice"}, "alice"}} {
+		code, stdout, stderr := run(t, doc, append([]string{"-f", "-"}, tc.args...)...)
+		if code != ExitOK {
+			t.Fatalf("exit %d: %s", code, stderr)
+		}
+		var p corev1.Pod
+		if err := yaml.Unmarshal([]byte(stdout), &p); err != nil {
+			t.Fatal(err)
+		}
+		if got := p.Annotations[v1alpha1.AnnotationCreatedBy]; got != tc.want {
+			t.Errorf("%v: %s = %q, want %q", tc.args, v1alpha1.AnnotationCreatedBy, got, tc.want)
+		}
+	}
+}
+
 func TestMain_Usage(t *testing.T) {
 	for _, args := range [][]string{nil, {"-f"}, {"-f", "testdata/none.yaml"}, {"-f", "testdata/pod.yaml", "extra"}, {"-f", "testdata/pod.yaml", "--config", "testdata/pod.yaml"}} {
 		if code, _, _ := run(t, "", args...); code != ExitUsage {

@@ -54,3 +54,46 @@ func TestPodOfKueuePodIntegrationGated(t *testing.T) {
 		}
 	}
 }
+
+// A pod of a Kueue pod group is stamped with its creator (review 14 F3):
+// the stamp replaces a tenant's value, other pods are left alone, and with
+// no creator known (a template's fixed point) a value is removed.
+func TestPodGroupCreatorStamp(t *testing.T) {
+	m := mustNew(t, Config{})
+	mk := func(labels, ann map[string]string) *corev1.Pod {
+		a := map[string]string{}
+		for k, v := range ann {
+			a[k] = v
+		}
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns", Labels: labels, Annotations: a},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "i",
+				Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("1")}}}}}}
+	}
+	group := map[string]string{"kueue.x-k8s.io/queue-name": "lq", "kueue.x-k8s.io/pod-group-name": "g"}
+	forged := map[string]string{v1alpha1.AnnotationCreatedBy: "bob"}
+	for _, tc := range []struct {
+		name    string
+		pod     *corev1.Pod
+		creator string
+		want    string // "" = no stamp
+	}{
+		{"a pod-group pod", mk(group, nil), "alice", "alice"},
+		{"a forged stamp replaced", mk(group, forged), "alice", "alice"},
+		{"a forged stamp removed with no creator known", mk(group, forged), "", ""},
+		{"a pod of no group keeps what it has (the policy judges it)", mk(map[string]string{"kueue.x-k8s.io/queue-name": "lq"}, forged), "alice", "bob"},
+		{"a pod of no group gets none", mk(nil, nil), "alice", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := m.AdmitPod(tc.pod, PodContext{Creator: tc.creator}); err != nil {
+				t.Fatal(err)
+			}
+			if got := tc.pod.Annotations[v1alpha1.AnnotationCreatedBy]; got != tc.want {
+				t.Errorf("%s = %q, want %q", v1alpha1.AnnotationCreatedBy, got, tc.want)
+			}
+			again := tc.pod.DeepCopy()
+			if _, err := m.AdmitPod(again, PodContext{Creator: tc.creator}); err != nil || !equality.Semantic.DeepEqual(tc.pod, again) {
+				t.Errorf("second pass changed the pod: %s", cmp.Diff(tc.pod, again))
+			}
+		})
+	}
+}

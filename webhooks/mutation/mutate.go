@@ -70,6 +70,10 @@ type PodContext struct {
 	// never choose it here.
 	Class      string
 	ClassKnown bool
+	// Creator is the user name of the request that creates the pod (the
+	// admission request's userInfo.username; `gpupack mutate --user`). A
+	// pod of a Kueue pod group gets it as gpupack.io/created-by (stampCreator).
+	Creator string
 }
 
 // tmpl is the outcome of mutating one pod template.
@@ -437,7 +441,32 @@ func (m *Mutator) AdmitPod(p *corev1.Pod, pc PodContext) ([]string, error) {
 			anyFractional = anyFractional || req.Kind == gpureq.Fractional || req.Kind == gpureq.Converted
 		}
 	}
+	stampCreator(p, pc.Creator)
 	return warn, m.placementGate(p, anyFractional)
+}
+
+// stampCreator writes gpupack.io/created-by = creator on a pod of a Kueue
+// pod group (label kueue.x-k8s.io/pod-group-name), replacing whatever the
+// tenant wrote; with no creator known (a template's fixed point) a value is
+// removed, so a template carrying one is never a fast-path template. Kueue
+// makes every member of a plain pod group an owner of the group's Workload,
+// whoever created it: the stamp is what tells the ungater that a member is
+// the group's creator's (owners.GroupSlot; review 14 F3). Policy
+// gpupack-placement refuses, at creation, a stamp that is not the
+// requester's — so pods that skip this webhook (CPU-only, the fast paths)
+// carry either none or a true one — and any later change.
+func stampCreator(p *corev1.Pod, creator string) {
+	if _, group := p.Labels[placement.KueuePodGroupLabel]; !group {
+		return
+	}
+	if creator == "" {
+		delete(p.Annotations, v1alpha1.AnnotationCreatedBy)
+		return
+	}
+	if p.Annotations == nil {
+		p.Annotations = map[string]string{}
+	}
+	p.Annotations[v1alpha1.AnnotationCreatedBy] = creator
 }
 
 func addGate(s *corev1.PodSpec, name string) {

@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/retry"
@@ -57,8 +58,13 @@ const (
 	// EventPlanNotForPod: the pod names a GPUPlan whose Workload it does
 	// not belong to (owners.Belongs); it stays gated (issue 14, finding 6).
 	EventPlanNotForPod = "PlanNotForThisPod"
-	EventNoSlot        = "NoPlanSlot"
-	EventWaiting       = "WaitingForSlot"
+	// EventGroupCreatorsDiffer: the pod is a member of a Kueue pod group
+	// whose members were created by different users (their
+	// gpupack.io/created-by stamps, owners.GroupSlot); none of them takes
+	// a slot (review 14 F3).
+	EventGroupCreatorsDiffer = "PodGroupCreatorsDiffer"
+	EventNoSlot              = "NoPlanSlot"
+	EventWaiting             = "WaitingForSlot"
 	// EventWaitingForAllocation: the pod's slot is ready, but another pod
 	// on its node asking for the same GPU count still awaits the kubelet's
 	// allocation; the kubelet's request does not name the pod, so such
@@ -440,8 +446,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if err != nil {
 		return reconcile.Result{}, err
 	}
-	if why := r.notForPod(ctx, pod, plan); why != "" {
-		r.record(pod, corev1.EventTypeWarning, EventPlanNotForPod, "GPUPlan %s: %s; pod stays gated", plan.Name, why)
+	if reason, why, err := r.notForPod(ctx, pod, plan); err != nil {
+		return reconcile.Result{}, err
+	} else if why != "" {
+		r.record(pod, corev1.EventTypeWarning, reason, "GPUPlan %s: %s; pod stays gated", plan.Name, why)
 		return reconcile.Result{RequeueAfter: NotForPodRetry}, nil
 	}
 
@@ -536,24 +544,92 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	return reconcile.Result{}, nil
 }
 
-// notForPod says why pod may not take a slot of plan ("" when it may):
-// a slot is for a pod of the plan's Workload only (owners.Belongs, through
-// the coordinator's walk up the controller chain), so a pod that names
-// another job's plan — gpupack.io/plan is a pod annotation, and a trusted
-// controller copies it from whatever template it is given — never takes
-// that job's slot (issue 14, finding 6).
-func (r *Reconciler) notForPod(ctx context.Context, pod *corev1.Pod, plan *v1alpha1.GPUPlan) string {
+// notForPod says why pod may not take a slot of plan ("" when it may),
+// with the Event's reason: a slot is for a pod of the plan's Workload only
+// (owners.Belongs, through the coordinator's walk up the controller chain),
+// so a pod that names another job's plan — gpupack.io/plan is a pod
+// annotation, and a trusted controller copies it from whatever template it
+// is given — never takes that job's slot (issue 14, finding 6); and a
+// member of a Kueue pod group takes one only if the group's members were
+// all created by one user (owners.GroupSlot on their gpupack.io/created-by
+// stamps): Kueue makes any pod labelled with the group's name an owner of
+// its Workload (review 14 F3). A pod-group member it cannot read yet is an
+// error (retried), never a guess.
+func (r *Reconciler) notForPod(ctx context.Context, pod *corev1.Pod, plan *v1alpha1.GPUPlan) (reason, why string, err error) {
 	wl := &kueue.Workload{}
-	err := r.Client.Get(ctx, types.NamespacedName{Namespace: pod.Namespace, Name: plan.Spec.WorkloadName}, wl)
+	f := owners.Finder{Reader: r.Client}
+	err = r.Client.Get(ctx, types.NamespacedName{Namespace: pod.Namespace, Name: plan.Spec.WorkloadName}, wl)
+	var lineage []metav1.OwnerReference
 	switch {
 	case err != nil:
-		return fmt.Sprintf("its Workload %s cannot be read (%v)", plan.Spec.WorkloadName, err)
+		return EventPlanNotForPod, fmt.Sprintf("its Workload %s cannot be read (%v)", plan.Spec.WorkloadName, err), nil
 	case plan.Spec.WorkloadUID != "" && wl.UID != plan.Spec.WorkloadUID:
-		return fmt.Sprintf("its Workload %s is not the one planned (UID %s, not %s)", wl.Name, wl.UID, plan.Spec.WorkloadUID)
-	case !(owners.Finder{Reader: r.Client}).BelongsTo(ctx, pod, wl):
-		return fmt.Sprintf("the pod does not belong to its Workload %s (neither the pod nor its controller chain owns it, nor does its %s label name it), so it may not take that job's slot", wl.Name, owners.LabelPodGroup)
+		return EventPlanNotForPod, fmt.Sprintf("its Workload %s is not the one planned (UID %s, not %s)", wl.Name, wl.UID, plan.Spec.WorkloadUID), nil
 	}
-	return ""
+	if lineage = f.Lineage(ctx, pod); !owners.Belongs(wl, lineage) {
+		return EventPlanNotForPod, fmt.Sprintf("the pod does not belong to its Workload %s (neither the pod nor its controller chain owns it, nor does its %s label name it), so it may not take that job's slot", wl.Name, owners.LabelPodGroup), nil
+	}
+	members, err := r.groupMembers(ctx, pod.Namespace, wl)
+	if err != nil {
+		return "", "", err
+	}
+	if owners.HasLWSOwner(wl) {
+		// An LWS group's pods reach their LWS through StatefulSets, which
+		// Lineage does not walk (only LWS Workloads need the reads, and
+		// only with the LWS RBAC component are StatefulSets listed).
+		lineage = append(lineage, f.GroupLinks(ctx, pod)...)
+	}
+	if why := owners.GroupSlot(wl, lineage, memberOf(pod), members); why != "" {
+		return EventGroupCreatorsDiffer, why, nil
+	}
+	return "", "", nil
+}
+
+// groupMembers are wl's Pod owners as owners.GroupSlot sees them: each read
+// from the cache (gone, or another pod of the name: skipped; so is one that
+// asks for no GPUs).
+func (r *Reconciler) groupMembers(ctx context.Context, ns string, wl *kueue.Workload) ([]owners.Member, error) {
+	var out []owners.Member
+	for _, o := range wl.OwnerReferences {
+		if o.APIVersion != "v1" || o.Kind != "Pod" {
+			continue
+		}
+		p := &corev1.Pod{}
+		err := r.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: o.Name}, p)
+		switch {
+		case apierrors.IsNotFound(err) || (err == nil && p.UID != o.UID):
+			out = append(out, owners.Member{Name: o.Name, UID: o.UID, Skip: true})
+		case err != nil:
+			return nil, err
+		default:
+			m := memberOf(p)
+			m.Skip = !asksGPU(p)
+			out = append(out, m)
+		}
+	}
+	return out, nil
+}
+
+func memberOf(p *corev1.Pod) owners.Member {
+	stamp, ok := p.Annotations[v1alpha1.AnnotationCreatedBy]
+	return owners.Member{Name: p.Name, UID: p.UID, Stamp: stamp, Stamped: ok}
+}
+
+// asksGPU: a container (init containers too) of p asks for a GPU resource.
+func asksGPU(p *corev1.Pod) bool {
+	for _, cs := range [][]corev1.Container{p.Spec.InitContainers, p.Spec.Containers} {
+		for _, c := range cs {
+			for _, r := range []corev1.ResourceName{v1alpha1.ResourceNvidiaGPU, v1alpha1.ResourceVGPU, v1alpha1.ResourceGPUMemory, v1alpha1.ResourceGPUCores} {
+				if _, ok := c.Resources.Limits[r]; ok {
+					return true
+				}
+				if _, ok := c.Resources.Requests[r]; ok {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
 
 // unplanned handles a pod Kueue admitted without a GPUPlan (its

@@ -9,6 +9,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -225,5 +226,46 @@ func TestReconcileRefusesPodOfAnotherJob(t *testing.T) {
 	reconcilePod(t, r, "own")
 	if got := getPod(t, c, "own").Annotations[v1alpha1.AnnotationDevices]; got != "GPU-a:20480" {
 		t.Errorf("the plan's own pod: devices %q, want slot worker[0]'s GPU-a", got)
+	}
+}
+
+// A plain pod group's members are placed only when their creator stamps
+// agree (owners.GroupSlot, review 14 F3): alice's pod in bob's group, and
+// bob's own member, stay gated with PodGroupCreatorsDiffer naming both
+// users; once alice's pod is gone, bob's is placed.
+func TestReconcilePodGroupOfTwoCreators(t *testing.T) {
+	member := func(name, uid, user string) *corev1.Pod {
+		p := gatedPod(name, uid, "wl", "0")
+		p.OwnerReferences = nil
+		p.Labels = map[string]string{KueuePodGroupLabel: "wl"}
+		p.Annotations[kueueRoleHash] = "worker"
+		p.Annotations[v1alpha1.AnnotationCreatedBy] = user
+		p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{v1alpha1.ResourceNvidiaGPU: resource.MustParse("1")}
+		return p
+	}
+	bob0, thief := member("bob-0", "u-bob-0", "bob"), member("thief", "u-thief", "alice")
+	wl := &kueue.Workload{ObjectMeta: metav1.ObjectMeta{Name: "wl", Namespace: "ns", OwnerReferences: []metav1.OwnerReference{
+		{APIVersion: "v1", Kind: "Pod", Name: "bob-0", UID: "u-bob-0"}, {APIVersion: "v1", Kind: "Pod", Name: "thief", UID: "u-thief"}}}}
+	r, c, rec := setup(t, testPlan(), wl, bob0, thief)
+	for _, name := range []string{"thief", "bob-0"} {
+		if res := reconcilePod(t, r, name); res.RequeueAfter == 0 {
+			t.Errorf("%s: no requeue", name)
+		}
+		if !gated(t, c, name) || getPod(t, c, name).Annotations[v1alpha1.AnnotationDevices] != "" {
+			t.Errorf("%s: bound or ungated", name)
+		}
+		ev := <-rec.Events
+		for _, want := range []string{EventGroupCreatorsDiffer, `thief (created by "alice")`, `bob-0 (created by "bob")`} {
+			if !strings.Contains(ev, want) {
+				t.Errorf("%s: event %q lacks %q", name, ev, want)
+			}
+		}
+	}
+	if err := c.Delete(context.Background(), getPod(t, c, "thief")); err != nil {
+		t.Fatal(err)
+	}
+	reconcilePod(t, r, "bob-0")
+	if got := getPod(t, c, "bob-0").Annotations[v1alpha1.AnnotationDevices]; got != "GPU-a:20480" {
+		t.Errorf("bob's pod once alice's is gone: devices %q, want GPU-a:20480", got)
 	}
 }

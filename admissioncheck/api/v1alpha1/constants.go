@@ -33,6 +33,13 @@ const (
 	AnnotationPlan          = "gpupack.io/plan"    // names the GPUPlan (set through podSetUpdates)
 	AnnotationDevices       = "gpupack.io/devices" // "<uuid>:<MiB>[,…]" on a pinned pod
 	SchedulingGatePlacement = "gpupack.io/placement"
+	// AnnotationCreatedBy, on a pod of a Kueue pod group (label
+	// kueue.x-k8s.io/pod-group-name), names the user who created it: the pod
+	// webhook writes the request's user name at creation (replacing a
+	// tenant's value), policy gpupack-placement refuses a value that is not
+	// the creator's and any later change. A pod-group slot is taken only by
+	// pods whose stamps agree (owners.GroupSlot, review 14 F3).
+	AnnotationCreatedBy = "gpupack.io/created-by"
 	// AnnotationAdmission, on a GPUPlan, names the Workload admission (quota
 	// reservation) it was planned for: the QuotaReserved condition's
 	// lastTransitionTime, RFC 3339. A re-admitted Workload keeps its name

@@ -26,9 +26,11 @@ import (
 
 	"github.com/gpupack/gpupack/admissioncheck"
 	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
+	"github.com/gpupack/gpupack/flavors"
 	"github.com/gpupack/gpupack/test/framework"
 	"github.com/gpupack/gpupack/webhooks"
 	"github.com/gpupack/gpupack/webhooks/mutation"
+	"github.com/gpupack/gpupack/webhooks/placement"
 )
 
 // kubeRayUser is KubeRay's operator (unmanagedGPUs.ownerControllers),
@@ -346,8 +348,195 @@ func TestTenantRayClusterUnderHerRayJobRunsNothingOutsideQuota(t *testing.T) {
 		pod.Spec.Containers[0].Resources.Limits.Name(v1alpha1.ResourceNvidiaGPU, "").String(), gates, counted)
 }
 
-// The reviewer's third PoC (a tenant's own pod joining another tenant's
-// Kueue pod group by its label takes a slot of the group's plan, review 14
-// F3, Medium) is open and not in the suite: it fails today. It is on
-// branch review14 (d27207b), TestReview14PodGroupJoinTakesTheVictimsSlot;
-// docs/security.md has the proposed design.
+// TestPodGroupJoinByAnotherUserTakesNoSlot (review 14 F3): Kueue makes
+// every pod labelled with a plain pod group's name an owner of the group's
+// Workload. Alice (edit in the namespace) creates her own pod with bob's
+// group label, total count and role hash: Kueue counts it in bob's group,
+// admits the group and gang-fit plans it — and were the pods' ownership of
+// the Workload enough, the ungater would pin her pod (image alice/miner)
+// to a slot of bob's plan. Defence: the pod webhook stamps each pod-group
+// pod with its creator (gpupack.io/created-by, frozen by
+// gpupack-placement) and the ungater places a member only when the
+// group's members' stamps agree (owners.GroupSlot): no pod of the mixed
+// group is placed, and an Event says why. Control: a group whose members
+// are all bob's is placed.
+func TestPodGroupJoinByAnotherUserTakesNoSlot(t *testing.T) {
+	c := startKueueCluster(t, framework.Options{PodIntegration: true}, true, 4)
+	env, ctx := c.env, c.env.Ctx
+	ns := c.open
+	env.CreateNode(t, framework.MakeNode("gpu-node-a").GPUs(4, framework.H100).Obj())
+	c.startUngater(t)
+	bob := c.bob(t, ns)
+	member := func(group, name, image string, by client.Client, roleHash string, forged ...string) *corev1.Pod {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns,
+			Labels:      map[string]string{"kueue.x-k8s.io/queue-name": "lq", "kueue.x-k8s.io/pod-group-name": group},
+			Annotations: map[string]string{"kueue.x-k8s.io/pod-group-total-count": "2", v1alpha1.AnnotationGPUMemory: "4Gi"}},
+			Spec: corev1.PodSpec{NodeSelector: map[string]string{flavors.LabelGPUProduct: h100}, Tolerations: []corev1.Toleration{framework.KwokToleration},
+				Containers: []corev1.Container{{Name: "c", Image: image, Command: []string{"run"},
+					Resources: corev1.ResourceRequirements{Limits: rl(v1alpha1.ResourceNvidiaGPU, "1")}}}}}
+		if roleHash != "" {
+			p.Annotations["kueue.x-k8s.io/role-hash"] = roleHash
+		}
+		for _, f := range forged {
+			p.Annotations[v1alpha1.AnnotationCreatedBy] = f
+		}
+		if err := by.Create(ctx, p); err != nil {
+			t.Fatalf("creating %s: %v", name, err)
+		}
+		return p
+	}
+	placed := func(name string) string {
+		cur := &corev1.Pod{}
+		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, cur); err == nil && !hasGate(cur) && cur.Annotations[v1alpha1.AnnotationDevices] != "" {
+			return cur.Annotations[v1alpha1.AnnotationPlan] + " " + cur.Annotations[v1alpha1.AnnotationDevices]
+		}
+		return ""
+	}
+	state := func() string {
+		var pods corev1.PodList
+		_ = env.Client.List(ctx, &pods, client.InNamespace(ns))
+		var out []string
+		for _, p := range pods.Items {
+			var gs []string
+			for _, g := range p.Spec.SchedulingGates {
+				gs = append(gs, g.Name)
+			}
+			out = append(out, fmt.Sprintf("%s gates=%v plan=%q devices=%q created-by=%q", p.Name, gs, p.Annotations[v1alpha1.AnnotationPlan], p.Annotations[v1alpha1.AnnotationDevices], p.Annotations[v1alpha1.AnnotationCreatedBy]))
+		}
+		var wls kueue.WorkloadList
+		_ = env.Client.List(ctx, &wls, client.InNamespace(ns))
+		for i := range wls.Items {
+			out = append(out, framework.DescribeWorkload(&wls.Items[i]))
+		}
+		return strings.Join(out, "; ")
+	}
+
+	v0 := member("vgroup", "bob-0", "bob/trainer", bob, "")
+	hash := v0.Annotations["kueue.x-k8s.io/role-hash"]
+	if hash == "" {
+		t.Fatalf("Kueue gave bob's pod no role hash: %v", v0.Annotations)
+	}
+	if got := v0.Annotations[v1alpha1.AnnotationCreatedBy]; got != "bob" {
+		t.Errorf("bob's pod stamped %q, want bob", got)
+	}
+	// Alice writes bob's name as her pod's creator: the pod webhook
+	// replaces it with hers.
+	thief := member("vgroup", "thief", "alice/miner", c.aliceSelf, hash, "bob")
+	if got := thief.Annotations[v1alpha1.AnnotationCreatedBy]; got != "alice" {
+		t.Errorf("BROKEN: alice's pod stored with gpupack.io/created-by %q, want alice (the pod webhook's)", got)
+	}
+	// Control: bob's own group of two.
+	member("bgroup", "bob-a", "bob/trainer", bob, "")
+	member("bgroup", "bob-b", "bob/trainer", bob, "")
+
+	// The ungater reaches its decision on the mixed group (an Event on
+	// alice's pod), and bob's own group is placed.
+	var why string
+	env.Eventually(t, 90*time.Second, "the ungater's verdict on the mixed group, and bob's own group placed", func() (bool, string) {
+		if p := placed("thief"); p != "" {
+			t.Fatalf("BROKEN: alice's pod (image alice/miner) placed on a slot of bob's group's plan: %s; %s", p, state())
+		}
+		var evs corev1.EventList
+		_ = env.Client.List(ctx, &evs, client.InNamespace(ns))
+		why = ""
+		for _, e := range evs.Items {
+			if e.InvolvedObject.Name == "thief" && e.Reason == placement.EventGroupCreatorsDiffer {
+				why = e.Message
+			}
+		}
+		return why != "" && placed("bob-a") != "" && placed("bob-b") != "", state()
+	})
+	for _, want := range []string{"vgroup", `thief (created by "alice")`, `bob-0 (created by "bob")`} {
+		if !strings.Contains(why, want) {
+			t.Errorf("Event %q lacks %q", why, want)
+		}
+	}
+	// And it stays so: no pod of the mixed group is placed, alice's
+	// least of all; bob's is not pinned to her benefit either.
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(time.Second) {
+		if p := placed("thief"); p != "" {
+			t.Fatalf("BROKEN: alice's pod placed on a slot of bob's group's plan: %s; %s", p, state())
+		}
+		if p := placed("bob-0"); p != "" {
+			t.Fatalf("BROKEN: bob's pod of the group alice joined placed (its group's slots then go to alice's pod too): %s; %s", p, state())
+		}
+	}
+	t.Logf("held: %s", why)
+}
+
+// bob is a second tenant with edit in ns.
+func (c *cluster) bob(t *testing.T, ns string) client.Client {
+	t.Helper()
+	c.env.MustCreate(t, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "bob-edit", Namespace: ns},
+		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "edit"},
+		Subjects: []rbacv1.Subject{{Kind: "User", APIGroup: "rbac.authorization.k8s.io", Name: "bob"}}})
+	bob, err := client.New(c.env.UserConfig(t, "bob"), client.Options{Scheme: c.env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bob
+}
+
+// TestPodGroupCreatorStampForgedOrChanged (review 14 F3): the creator
+// stamp is trusted only because policy gpupack-placement makes it true —
+// at creation a present gpupack.io/created-by must be the requester's
+// name (a CPU pod skips the pod webhook, which would otherwise overwrite
+// it), and on an existing pod nobody, gpupack's manager included, adds,
+// changes or removes it.
+func TestPodGroupCreatorStampForgedOrChanged(t *testing.T) {
+	c := startCluster(t)
+	c.waitForPolicies(t)
+	env, ctx := c.env, c.env.Ctx
+	ns := c.open
+	groupPod := func(name string, ann map[string]string) *corev1.Pod {
+		p := cpuPod(ns, name)
+		p.Labels = map[string]string{"kueue.x-k8s.io/pod-group-name": "vgroup"}
+		p.Annotations = ann
+		return p
+	}
+	const stampRule = "the annotation gpupack.io/created-by names the user who creates the pod: it must be alice"
+	denied(t, "alice creating a pod stamped as bob's", c.aliceSelf.Create(ctx, groupPod("forged", map[string]string{v1alpha1.AnnotationCreatedBy: "bob"})), stampRule)
+	denied(t, "alice creating a pod stamped empty", c.aliceSelf.Create(ctx, groupPod("empty", map[string]string{v1alpha1.AnnotationCreatedBy: ""})), stampRule)
+	// (A GPU pod meets the pod webhook, which writes the true creator
+	// over a forged one: TestPodGroupJoinByAnotherUserTakesNoSlot.)
+
+	own := groupPod("own", map[string]string{v1alpha1.AnnotationCreatedBy: "alice"})
+	if err := c.aliceSelf.Create(ctx, own); err != nil {
+		t.Fatalf("alice's pod with her own stamp: %v", err)
+	}
+	bare := groupPod("bare", nil)
+	if err := c.aliceSelf.Create(ctx, bare); err != nil {
+		t.Fatalf("alice's pod with no stamp: %v", err)
+	}
+	const frozen = "the annotation gpupack.io/created-by cannot be added, changed or removed on an existing pod"
+	edit := func(by client.Client, name string, f func(map[string]string)) error {
+		cur := &corev1.Pod{}
+		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, cur); err != nil {
+			t.Fatal(err)
+		}
+		old := cur.DeepCopy()
+		if cur.Annotations == nil {
+			cur.Annotations = map[string]string{}
+		}
+		f(cur.Annotations)
+		return by.Patch(ctx, cur, client.MergeFrom(old))
+	}
+	for _, who := range []struct {
+		name string
+		cl   client.Client
+	}{{"alice", c.aliceSelf}, {"gpupack's manager", c.manager(t)}} {
+		denied(t, who.name+" changing the stamp to bob", edit(who.cl, "own", func(a map[string]string) { a[v1alpha1.AnnotationCreatedBy] = "bob" }), frozen)
+		denied(t, who.name+" removing the stamp", edit(who.cl, "own", func(a map[string]string) { delete(a, v1alpha1.AnnotationCreatedBy) }), frozen)
+		denied(t, who.name+" adding a stamp", edit(who.cl, "bare", func(a map[string]string) { a[v1alpha1.AnnotationCreatedBy] = "alice" }), frozen)
+	}
+	// Through pods/status too (it takes metadata).
+	cur := &corev1.Pod{}
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "own"}, cur); err != nil {
+		t.Fatal(err)
+	}
+	if cur.Annotations == nil {
+		cur.Annotations = map[string]string{}
+	}
+	cur.Annotations[v1alpha1.AnnotationCreatedBy] = "bob"
+	denied(t, "an admin changing the stamp through pods/status", env.Client.Status().Update(ctx, cur), frozen)
+}
