@@ -1,14 +1,19 @@
 package framework
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -16,12 +21,89 @@ import (
 	kueue "sigs.k8s.io/kueue/apis/kueue/v1beta2"
 )
 
-// MustCreate creates an object or fails the test.
+// MustCreate creates an object or fails the test. A RoleBinding or
+// ClusterRoleBinding returns once the apiserver's authorizer grants its
+// User subjects the role's first rule: RBAC answers from an informer, and
+// on a loaded machine a request made right after the binding was created
+// can still be refused (CI saw "alice cannot create rayjobs" that way).
 func (e *Env) MustCreate(t TB, obj client.Object) {
 	t.Helper()
 	if err := e.Client.Create(e.Ctx, obj); err != nil {
 		t.Fatalf("creating %T %s: %v", obj, obj.GetName(), err)
 	}
+	switch b := obj.(type) {
+	case *rbacv1.RoleBinding:
+		e.waitBindingEffective(t, b.Namespace, b.RoleRef, b.Subjects)
+	case *rbacv1.ClusterRoleBinding:
+		e.waitBindingEffective(t, "", b.RoleRef, b.Subjects)
+	}
+}
+
+// waitBindingEffective polls SubjectAccessReviews until every User in
+// subjects is allowed the first rule of ref (in ns), or fails the test.
+func (e *Env) waitBindingEffective(t TB, ns string, ref rbacv1.RoleRef, subjects []rbacv1.Subject) {
+	t.Helper()
+	var last string
+	err := wait.PollUntilContextTimeout(e.Ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		var rules []rbacv1.PolicyRule
+		if ref.Kind == "Role" {
+			r := &rbacv1.Role{}
+			if err := e.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: ref.Name}, r); err != nil {
+				last = err.Error()
+				return false, nil
+			}
+			rules = r.Rules
+		} else {
+			r := &rbacv1.ClusterRole{}
+			if err := e.Client.Get(ctx, client.ObjectKey{Name: ref.Name}, r); err != nil {
+				last = err.Error()
+				return false, nil
+			}
+			rules = r.Rules
+		}
+		attrs, ok := firstResourceRule(rules)
+		if !ok {
+			last = fmt.Sprintf("%s %s has no resource rule yet", ref.Kind, ref.Name)
+			return false, nil // an aggregated role not filled in yet
+		}
+		attrs.Namespace = ns
+		for _, s := range subjects {
+			if s.Kind != rbacv1.UserKind {
+				continue
+			}
+			sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+				User: s.Name, Groups: []string{"system:authenticated"}, ResourceAttributes: &attrs}}
+			if err := e.Client.Create(ctx, sar); err != nil {
+				last = err.Error()
+				return false, nil
+			}
+			if !sar.Status.Allowed {
+				last = fmt.Sprintf("%s not yet allowed to %s %s/%s in %q", s.Name, attrs.Verb, attrs.Group, attrs.Resource, ns)
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("binding to %s %s never took effect: %s (%v)", ref.Kind, ref.Name, last, err)
+	}
+}
+
+// firstResourceRule is the first rule of rules that names a resource, as
+// the attributes of one request it allows.
+func firstResourceRule(rules []rbacv1.PolicyRule) (authorizationv1.ResourceAttributes, bool) {
+	for _, r := range rules {
+		if len(r.Resources) == 0 || len(r.Verbs) == 0 || len(r.ResourceNames) > 0 {
+			continue
+		}
+		group := ""
+		if len(r.APIGroups) > 0 {
+			group = r.APIGroups[0]
+		}
+		res, sub, _ := strings.Cut(r.Resources[0], "/")
+		return authorizationv1.ResourceAttributes{Verb: r.Verbs[0], Group: group, Resource: res, Subresource: sub}, true
+	}
+	return authorizationv1.ResourceAttributes{}, false
 }
 
 // Namespace creates a namespace with a unique name starting with prefix.
