@@ -7,6 +7,7 @@ import (
 
 	ray "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
 	admissionv1 "k8s.io/api/admission/v1"
+	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -16,8 +17,11 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+	lws "sigs.k8s.io/lws/api/leaderworkerset/v1"
 
 	"github.com/gpupack/gpupack/webhooks/mutation"
+	"github.com/gpupack/gpupack/webhooks/placement"
 )
 
 // Review 14, F2 (and the pod side of F1): Kueue takes an object whose
@@ -118,5 +122,94 @@ func TestOwnerWalkReview14(t *testing.T) {
 		if tc.deny && !strings.Contains(resp.Result.Message, "not by a controller gpupack trusts") {
 			t.Errorf("denial names no creator: %v", resp.Result.Message)
 		}
+	}
+}
+
+// TestOwnerWalkLWSPairs (review 9): the two pairs commit 2dae57d lets the
+// walk pass — an LWS group's leader Pod under its StatefulSet, a
+// StatefulSet under its LWS — for the objects of a real LWS chain (worker
+// pod → worker StatefulSet → leader Pod → leader StatefulSet → LWS) made by
+// their controllers, and the same links forged. The walk cannot tell who
+// made a CPU Pod (no webhook sees one), so the last row — a trusted
+// controller's StatefulSet under a tenant's CPU pod that names bob's
+// leader StatefulSet as its controller — fails today (review 9, F2).
+func TestOwnerWalkLWSPairs(t *testing.T) {
+	const (
+		lwsCtl = "system:serviceaccount:lws-system:lws-controller-manager"
+		stsCtl = "system:serviceaccount:kube-system:statefulset-controller"
+	)
+	queue := map[string]string{mutation.LabelQueueName: "q"}
+	ctl := func(apiVersion, kind, name, uid string) []metav1.OwnerReference {
+		return []metav1.OwnerReference{{APIVersion: apiVersion, Kind: kind, Name: name, UID: types.UID(uid), Controller: ptr.To(true)}}
+	}
+	sts := func(name string, owners []metav1.OwnerReference) *appsv1.StatefulSet {
+		return &appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", UID: types.UID("u-" + name), OwnerReferences: owners}}
+	}
+	pod := func(name string, owners []metav1.OwnerReference) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", UID: types.UID("u-" + name), OwnerReferences: owners}}
+	}
+	objs := []client.Object{
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "ns"}},
+		&lws.LeaderWorkerSet{ObjectMeta: metav1.ObjectMeta{Name: "bob", Namespace: "ns", UID: "u-bob", Labels: queue}},
+		sts("bob", ctl("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "bob", "u-bob")), // leader StatefulSet
+		pod("bob-0", ctl("apps/v1", "StatefulSet", "bob", "u-bob")),                       // leader Pod
+		sts("bob-0", ctl("v1", "Pod", "bob-0", "u-bob-0")),                                // worker StatefulSet
+		&batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "queued", Namespace: "ns", UID: "u-queued", Labels: queue}},
+		pod("queued-x", ctl("batch/v1", "Job", "queued", "u-queued")),    // a pod of a queued Job, not an LWS leader
+		pod("alice-fake", ctl("apps/v1", "StatefulSet", "bob", "u-bob")), // alice's CPU pod posing as a leader Pod of bob's
+	}
+	s := kruntime.NewScheme()
+	_ = corev1.AddToScheme(s)
+	_ = appsv1.AddToScheme(s)
+	_ = batchv1.AddToScheme(s)
+	_ = lws.AddToScheme(s)
+	c := fake.NewClientBuilder().WithScheme(s).WithObjects(objs...).Build()
+	withPod := mutation.Config{Kueue: mutation.KueueConfig{Frameworks: []string{"batch/job", "leaderworkerset.x-k8s.io/leaderworkerset", "pod"}},
+		JobKinds: []string{KindStatefulSet, KindLeaderWorkerSet}}
+	for _, tc := range []struct {
+		name    string
+		sts     bool // the object is a StatefulSet (else a pod)
+		owner   []metav1.OwnerReference
+		creator string
+		deny    string // "" admitted; else a part of the denial
+	}{
+		{"real chain: the StatefulSet controller's worker pod", false, ctl("apps/v1", "StatefulSet", "bob-0", "u-bob-0"), stsCtl, ""},
+		{"real chain: the LWS controller's worker StatefulSet under the leader Pod", true, ctl("v1", "Pod", "bob-0", "u-bob-0"), lwsCtl, ""},
+		{"real chain: the StatefulSet controller's leader pod", false, ctl("apps/v1", "StatefulSet", "bob", "u-bob"), stsCtl, ""},
+		{"alice's worker pod under bob's worker StatefulSet", false, ctl("apps/v1", "StatefulSet", "bob-0", "u-bob-0"), "alice", "not by a controller gpupack trusts"},
+		{"alice's StatefulSet under bob's leader Pod", true, ctl("v1", "Pod", "bob-0", "u-bob-0"), "alice", "not by a controller gpupack trusts"},
+		{"alice's StatefulSet under bob's LWS", true, ctl("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "bob", "u-bob"), "alice", "not by a controller gpupack trusts"},
+		{"forged: leader Pod named with another UID", true, ctl("v1", "Pod", "bob-0", "u-other"), lwsCtl, "is not that object"},
+		{"forged: a StatefulSet under a queued Job's pod (not an LWS leader)", true, ctl("v1", "Pod", "queued-x", "u-queued-x"), lwsCtl, "only an LWS group's leader Pod"},
+		{"forged (fails today, F2): a trusted StatefulSet under alice's CPU pod posing as bob's leader Pod", true, ctl("v1", "Pod", "alice-fake", "u-alice-fake"), lwsCtl, "alice-fake"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, err := mutation.New(withPod)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tmpl := gpuTemplate(map[string]string{placement.KueueSuspendingParent: "leaderworkerset.x-k8s.io/leaderworkerset"}, "1")
+			var req admission.Request
+			path := PathMutatePod
+			if tc.sts {
+				o := &appsv1.StatefulSet{TypeMeta: metav1.TypeMeta{APIVersion: "apps/v1", Kind: "StatefulSet"},
+					ObjectMeta: metav1.ObjectMeta{Name: "new", Namespace: "ns", OwnerReferences: tc.owner}, Spec: appsv1.StatefulSetSpec{Template: tmpl}}
+				req = request(t, admissionv1.Create, o, nil)
+				path = PathMutateStatefulSet
+			} else {
+				p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "new", Namespace: "ns", Annotations: tmpl.Annotations, OwnerReferences: tc.owner}, Spec: tmpl.Spec}
+				req = request(t, admissionv1.Create, p, nil)
+			}
+			req.UserInfo = authenticationv1.UserInfo{Username: tc.creator}
+			resp := Handlers(m, c)[path].Handle(context.Background(), req)
+			switch {
+			case tc.deny == "" && !resp.Allowed:
+				t.Errorf("denied: %v", resp.Result.Message)
+			case tc.deny != "" && resp.Allowed:
+				t.Errorf("BROKEN: admitted as managed by bob's LWS; want a denial saying %q", tc.deny)
+			case tc.deny != "" && !strings.Contains(resp.Result.Message, tc.deny):
+				t.Errorf("denial %q does not say %q", resp.Result.Message, tc.deny)
+			}
+		})
 	}
 }
