@@ -166,25 +166,41 @@ func TestOwnerWalkLWSPairs(t *testing.T) {
 	c := fake.NewClientBuilder().WithScheme(s).WithObjects(objs...).Build()
 	withPod := mutation.Config{Kueue: mutation.KueueConfig{Frameworks: []string{"batch/job", "leaderworkerset.x-k8s.io/leaderworkerset", "pod"}},
 		JobKinds: []string{KindStatefulSet, KindLeaderWorkerSet}}
+	// Kueue's statefulset integration on as well (as the fast-path tests
+	// run it), and the LWS integration without the pod integration (the
+	// configuration 2dae57d names): the worker StatefulSet is then a
+	// "statefulset" link under a Pod, a pair intermediateOK does not list,
+	// so the real worker pod is refused (review 9, F3; fails today).
+	withSTS := withPod
+	withSTS.Kueue.Frameworks = append([]string{"statefulset"}, withPod.Kueue.Frameworks...)
+	noPod := withPod
+	noPod.Kueue.Frameworks = []string{"batch/job", "leaderworkerset.x-k8s.io/leaderworkerset"}
 	for _, tc := range []struct {
 		name    string
 		sts     bool // the object is a StatefulSet (else a pod)
 		owner   []metav1.OwnerReference
 		creator string
 		deny    string // "" admitted; else a part of the denial
+		cfg     *mutation.Config
 	}{
-		{"real chain: the StatefulSet controller's worker pod", false, ctl("apps/v1", "StatefulSet", "bob-0", "u-bob-0"), stsCtl, ""},
-		{"real chain: the LWS controller's worker StatefulSet under the leader Pod", true, ctl("v1", "Pod", "bob-0", "u-bob-0"), lwsCtl, ""},
-		{"real chain: the StatefulSet controller's leader pod", false, ctl("apps/v1", "StatefulSet", "bob", "u-bob"), stsCtl, ""},
-		{"alice's worker pod under bob's worker StatefulSet", false, ctl("apps/v1", "StatefulSet", "bob-0", "u-bob-0"), "alice", "not by a controller gpupack trusts"},
-		{"alice's StatefulSet under bob's leader Pod", true, ctl("v1", "Pod", "bob-0", "u-bob-0"), "alice", "not by a controller gpupack trusts"},
-		{"alice's StatefulSet under bob's LWS", true, ctl("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "bob", "u-bob"), "alice", "not by a controller gpupack trusts"},
-		{"forged: leader Pod named with another UID", true, ctl("v1", "Pod", "bob-0", "u-other"), lwsCtl, "is not that object"},
-		{"forged: a StatefulSet under a queued Job's pod (not an LWS leader)", true, ctl("v1", "Pod", "queued-x", "u-queued-x"), lwsCtl, "only an LWS group's leader Pod"},
-		{"forged (fails today, F2): a trusted StatefulSet under alice's CPU pod posing as bob's leader Pod", true, ctl("v1", "Pod", "alice-fake", "u-alice-fake"), lwsCtl, "alice-fake"},
+		{"real chain, statefulset integration on (fails today, F3): the StatefulSet controller's worker pod", false, ctl("apps/v1", "StatefulSet", "bob-0", "u-bob-0"), stsCtl, "", &withSTS},
+		{"real chain, LWS without the pod integration (fails today, F3): the StatefulSet controller's worker pod", false, ctl("apps/v1", "StatefulSet", "bob-0", "u-bob-0"), stsCtl, "", &noPod},
+		{"real chain: the StatefulSet controller's worker pod", false, ctl("apps/v1", "StatefulSet", "bob-0", "u-bob-0"), stsCtl, "", nil},
+		{"real chain: the LWS controller's worker StatefulSet under the leader Pod", true, ctl("v1", "Pod", "bob-0", "u-bob-0"), lwsCtl, "", nil},
+		{"real chain: the StatefulSet controller's leader pod", false, ctl("apps/v1", "StatefulSet", "bob", "u-bob"), stsCtl, "", nil},
+		{"alice's worker pod under bob's worker StatefulSet", false, ctl("apps/v1", "StatefulSet", "bob-0", "u-bob-0"), "alice", "not by a controller gpupack trusts", nil},
+		{"alice's StatefulSet under bob's leader Pod", true, ctl("v1", "Pod", "bob-0", "u-bob-0"), "alice", "not by a controller gpupack trusts", nil},
+		{"alice's StatefulSet under bob's LWS", true, ctl("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "bob", "u-bob"), "alice", "not by a controller gpupack trusts", nil},
+		{"forged: leader Pod named with another UID", true, ctl("v1", "Pod", "bob-0", "u-other"), lwsCtl, "is not that object", nil},
+		{"forged: a StatefulSet under a queued Job's pod (not an LWS leader)", true, ctl("v1", "Pod", "queued-x", "u-queued-x"), lwsCtl, "only an LWS group's leader Pod", nil},
+		{"forged (fails today, F2): a trusted StatefulSet under alice's CPU pod posing as bob's leader Pod", true, ctl("v1", "Pod", "alice-fake", "u-alice-fake"), lwsCtl, "alice-fake", nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			m, err := mutation.New(withPod)
+			cfg := withPod
+			if tc.cfg != nil {
+				cfg = *tc.cfg
+			}
+			m, err := mutation.New(cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
