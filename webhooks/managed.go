@@ -8,11 +8,13 @@ import (
 	"strings"
 
 	admissionv1 "k8s.io/api/admission/v1"
+	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
@@ -114,7 +116,7 @@ func (k kueueView) throughOwners(ctx context.Context, obj metav1.Object, creator
 			owner, err := k.owner(ctx, obj.GetNamespace(), ref)
 			if err != nil || owner.UID != ref.UID {
 				why += fmt.Sprintf("; its owner %s %s cannot be read or is not that object", ref.Kind, ref.Name)
-				return &mutation.Unmanaged{Why: why}, true
+				return &mutation.Unmanaged{Why: why, PosesAsChild: true}, true
 			}
 			// Only through to the owner Kueue's pod integration takes
 			// such pods in by: a Deployment above a ReplicaSet; an LWS
@@ -145,10 +147,10 @@ func (k kueueView) throughOwners(ctx context.Context, obj metav1.Object, creator
 			owner, err := k.owner(ctx, obj.GetNamespace(), ref)
 			if err != nil || owner.UID != ref.UID {
 				why += fmt.Sprintf("; its owner %s %s cannot be read or is not that object", ref.Kind, ref.Name)
-				return &mutation.Unmanaged{Why: why}, true
+				return &mutation.Unmanaged{Why: why, PosesAsChild: true}, true
 			}
 			why += fmt.Sprintf("; nor its owner %s %s (%s)", ref.Kind, ref.Name, k.whyNot(fw, owner.Labels))
-			if no := k.intermediateOK(fw, metav1.GetControllerOf(owner)); no != "" {
+			if no := k.intermediateOK(ctx, fw, owner); no != "" {
 				why += fmt.Sprintf("; gpupack does not walk through a %s controlled by that owner: %s", ref.Kind, no)
 				return &mutation.Unmanaged{Why: why}, true
 			}
@@ -163,11 +165,11 @@ func (k kueueView) throughOwners(ctx context.Context, obj metav1.Object, creator
 		owner, err := k.owner(ctx, obj.GetNamespace(), ref)
 		if err != nil {
 			why += fmt.Sprintf("; its owner %s %s cannot be read: %v", ref.Kind, ref.Name, err)
-			return &mutation.Unmanaged{Why: why}, true
+			return &mutation.Unmanaged{Why: why, PosesAsChild: true}, true
 		}
 		if owner.UID != ref.UID {
 			why += fmt.Sprintf("; its owner reference to %s %s names UID %s, which is not that object", ref.Kind, ref.Name, ref.UID)
-			return &mutation.Unmanaged{Why: why}, true
+			return &mutation.Unmanaged{Why: why, PosesAsChild: true}, true
 		}
 		selfManaged := k.m.ManagesItself(fw, owner.Labels)
 		if selfManaged {
@@ -204,10 +206,10 @@ func (k kueueView) throughOwners(ctx context.Context, obj metav1.Object, creator
 			}
 			first := metav1.GetControllerOf(obj)
 			why += fmt.Sprintf("; Kueue manages its owner %s %s, but it names %s %s as its controller and was created by %q, not by a controller gpupack trusts to create objects for their owner (unmanagedGPUs.ownerControllers)", ref.Kind, ref.Name, first.Kind, first.Name, creator.Username)
-			return &mutation.Unmanaged{Why: why}, true
+			return &mutation.Unmanaged{Why: why, PosesAsChild: true}, true
 		}
 		why += fmt.Sprintf("; nor its owner %s %s (%s)", ref.Kind, ref.Name, k.whyNot(fw, owner.Labels))
-		if no := k.intermediateOK(fw, metav1.GetControllerOf(owner)); no != "" {
+		if no := k.intermediateOK(ctx, fw, owner); no != "" {
 			why += fmt.Sprintf("; gpupack does not walk through a %s controlled by that owner: %s", ref.Kind, no)
 			return &mutation.Unmanaged{Why: why}, true
 		}
@@ -230,7 +232,8 @@ func (k kueueView) throughOwners(ctx context.Context, obj metav1.Object, creator
 // entry (review 14, F2) — would credit a trusted controller's pods to
 // that job while nothing suspends or counts the middle link. An owner
 // with no controller ends the walk anyway.
-func (k kueueView) intermediateOK(framework string, up *metav1.OwnerReference) string {
+func (k kueueView) intermediateOK(ctx context.Context, framework string, owner metav1.Object) string {
+	up := metav1.GetControllerOf(owner)
 	if up == nil {
 		return ""
 	}
@@ -251,15 +254,33 @@ func (k kueueView) intermediateOK(framework string, up *metav1.OwnerReference) s
 	case "pod", "statefulset":
 		// An LWS group: its worker StatefulSet's owner is the leader Pod,
 		// which the leader StatefulSet controls, which the LWS controls
-		// (with Kueue's LWS integration and not its pod integration, these
-		// are kinds Kueue knows but does not run). The leader Pod is the
-		// StatefulSet controller's, the StatefulSets the LWS controller's,
-		// and the object under them is judged with its own creator.
+		// (with Kueue's LWS integration and not its pod integration, or
+		// with its statefulset integration on too, these are links of
+		// kinds Kueue knows but does not manage by themselves). The leader
+		// Pod is the StatefulSet controller's, the StatefulSets the LWS
+		// controller's, and the object under them is judged with its own
+		// creator. A StatefulSet is walked up to a Pod only for the next
+		// step to find that Pod under a StatefulSet, and so on up to an
+		// LWS (review 9, F3: the worker StatefulSet under its leader Pod
+		// was missing, and real worker pods were refused).
+		if framework == "pod" && up.APIVersion == "apps/v1" && up.Kind == "StatefulSet" {
+			// The StatefulSet controller names its pods <set>-<ordinal>
+			// below its replicas, ignores pods of its reference named
+			// otherwise, and deletes those past its replicas: a tenant's
+			// CPU pod naming bob's leader StatefulSet (which no gpupack
+			// webhook sees) is no leader of his group, though the LWS
+			// controller makes a worker StatefulSet under it (review 9,
+			// F2).
+			if no := k.statefulSetPod(ctx, owner, up); no != "" {
+				return no
+			}
+		}
 		if (framework == "pod" && up.APIVersion == "apps/v1" && up.Kind == "StatefulSet") ||
+			(framework == "statefulset" && up.APIVersion == "v1" && up.Kind == "Pod") ||
 			(framework == "statefulset" && up.Kind == "LeaderWorkerSet" && strings.HasPrefix(up.APIVersion, "leaderworkerset.x-k8s.io/")) {
 			return ""
 		}
-		return "only an LWS group's leader Pod (under its StatefulSet) and StatefulSet (under its LWS) are walked through"
+		return "only an LWS group's leader Pod (under its StatefulSet) and StatefulSets (the leader's under its LWS, a worker's under its leader Pod) are walked through"
 	default:
 		return "nothing but a Job, a PyTorchJob, a TrainJob's JobSet, a RayJob's RayCluster or an LWS group's leader Pod and StatefulSet is walked through"
 	}
@@ -267,6 +288,43 @@ func (k kueueView) intermediateOK(framework string, up *metav1.OwnerReference) s
 		return fmt.Sprintf("%ss have no gpupack webhook entry (--job-kinds), so nothing checked who created it; add %s to --job-kinds (auto does where its CRD is served)", kind, kind)
 	}
 	return ""
+}
+
+// statefulSetPod says why not ("" when it is) pod is one the StatefulSet
+// of set makes: named <set>-<ordinal>, ordinal below its replicas.
+func (k kueueView) statefulSetPod(ctx context.Context, pod metav1.Object, set *metav1.OwnerReference) string {
+	ord, ok := statefulSetOrdinal(pod.GetName(), set.Name)
+	if !ok {
+		return fmt.Sprintf("a Pod under StatefulSet %s is walked through only with the name the StatefulSet controller gives its pods (%s-<ordinal>), not %s", set.Name, set.Name, pod.GetName())
+	}
+	sts := &appsv1.StatefulSet{}
+	if k.r.Live == nil {
+		return "no reader"
+	}
+	if err := k.r.Live.Get(ctx, types.NamespacedName{Namespace: pod.GetNamespace(), Name: set.Name}, sts); err != nil || sts.UID != set.UID {
+		return fmt.Sprintf("its StatefulSet %s cannot be read or is not that object", set.Name)
+	}
+	if replicas := int(ptr.Deref(sts.Spec.Replicas, 1)); ord >= replicas {
+		return fmt.Sprintf("Pod %s is past the %d replicas of StatefulSet %s, which makes no such pod", pod.GetName(), replicas, set.Name)
+	}
+	return ""
+}
+
+// statefulSetOrdinal is the ordinal of pod when it is named as the
+// StatefulSet controller names the pods of set (<set>-<ordinal>).
+func statefulSetOrdinal(pod, set string) (int, bool) {
+	ord, ok := strings.CutPrefix(pod, set+"-")
+	if !ok || ord == "" || len(ord) > 9 || (len(ord) > 1 && ord[0] == '0') {
+		return 0, false
+	}
+	n := 0
+	for _, c := range ord {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int(c-'0')
+	}
+	return n, true
 }
 
 // checkedAtCreation: gpupack's webhook for kind (of AllJobKinds) serves

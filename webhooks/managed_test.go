@@ -419,3 +419,76 @@ func TestOwnerReferenceCountsOnlyFromItsController(t *testing.T) {
 		})
 	}
 }
+
+// TestPosesAsChildDeniedWhateverThePolicy (review 9, F1): a GPU object
+// that names a Kueue-managed owner while nobody gpupack trusts created it,
+// or an owner reference that is not that object, is refused in a namespace
+// that opted out of the unmanaged-GPU policy and under the policy Allow
+// too: a trusted controller adopts it by its reference and copies the
+// owner's gpupack.io/plan into it (the JobSet controller, a forged Job
+// under a victim's JobSet), so its pods would take the victim's slots.
+// The same objects made by the Job controller, and a GPU pod of no owner
+// there, are allowed as before.
+func TestPosesAsChildDeniedWhateverThePolicy(t *testing.T) {
+	ctx := context.Background()
+	yes := true
+	objs := []kruntime.Object{
+		&batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "bob", Namespace: "lab", UID: "u-bob", Labels: map[string]string{mutation.LabelQueueName: "q"}}},
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "lab", Labels: map[string]string{mutation.NamespaceLabelUnmanagedGPUs: "allow"}}},
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "ns"}},
+	}
+	under := func(o metav1.Object, uid string) {
+		o.SetOwnerReferences([]metav1.OwnerReference{{APIVersion: "batch/v1", Kind: "Job", Name: "bob", UID: types.UID(uid), Controller: &yes}})
+	}
+	pod := func(ns, uid string) kruntime.Object {
+		p := wholeGPUPod(ns, "1")
+		if uid != "" {
+			under(p, uid)
+		}
+		return p
+	}
+	job := func(ns, uid string) kruntime.Object {
+		j := &batchv1.Job{TypeMeta: metav1.TypeMeta{APIVersion: "batch/v1", Kind: "Job"}, ObjectMeta: metav1.ObjectMeta{Name: "alice", Namespace: ns},
+			Spec: batchv1.JobSpec{Template: corev1.PodTemplateSpec{Spec: wholeGPUPod(ns, "1").Spec}}}
+		if uid != "" {
+			under(j, uid)
+		}
+		return j
+	}
+	alice := authenticationv1.UserInfo{Username: "alice", Groups: []string{"system:authenticated"}}
+	jobController := authenticationv1.UserInfo{Username: "system:serviceaccount:kube-system:job-controller"}
+	allow := mutation.Config{UnmanagedGPUs: mutation.UnmanagedGPUsConfig{Policy: mutation.UnmanagedAllow}}
+	for _, tc := range []struct {
+		name string
+		cfg  mutation.Config
+		path string
+		obj  kruntime.Object
+		user authenticationv1.UserInfo
+		deny string // "" = allowed
+	}{
+		{"pod under the victim's queued Job, opted-out namespace", mutation.Config{}, PathMutatePod, pod("lab", "u-bob"), alice, `created by "alice"`},
+		{"Job under the victim's queued Job, opted-out namespace", mutation.Config{}, PathMutateJob, job("lab", "u-bob"), alice, `created by "alice"`},
+		{"pod under a forged UID, opted-out namespace", mutation.Config{}, PathMutatePod, pod("lab", "u-other"), alice, "which is not that object"},
+		{"pod under the victim's queued Job, policy Allow", allow, PathMutatePod, pod("lab", "u-bob"), alice, `created by "alice"`},
+		{"the Job controller's pod, opted-out namespace", mutation.Config{}, PathMutatePod, pod("lab", "u-bob"), jobController, ""},
+		{"a GPU pod of no owner, opted-out namespace", mutation.Config{}, PathMutatePod, pod("lab", ""), alice, ""},
+		{"a GPU Job of no owner, opted-out namespace", mutation.Config{}, PathMutateJob, job("lab", ""), alice, ""},
+		{"a GPU pod of no owner, policy Allow", allow, PathMutatePod, pod("ns", ""), alice, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := handlers(t, tc.cfg, objs...)
+			req := request(t, admissionv1.Create, tc.obj, nil)
+			req.UserInfo = tc.user
+			resp := h[tc.path].Handle(ctx, req)
+			if tc.deny == "" {
+				if !resp.Allowed {
+					t.Fatalf("denied: %v", resp.Result.Message)
+				}
+				return
+			}
+			if resp.Allowed || !strings.Contains(resp.Result.Message, tc.deny) || !strings.Contains(resp.Result.Message, "do not cover it") {
+				t.Fatalf("allowed=%v %v, want denied with %q (and that the opt-out does not cover it)", resp.Allowed, resp.Result, tc.deny)
+			}
+		})
+	}
+}

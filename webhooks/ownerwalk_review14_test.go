@@ -157,6 +157,7 @@ func TestOwnerWalkLWSPairs(t *testing.T) {
 		&batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "queued", Namespace: "ns", UID: "u-queued", Labels: queue}},
 		pod("queued-x", ctl("batch/v1", "Job", "queued", "u-queued")),    // a pod of a queued Job, not an LWS leader
 		pod("alice-fake", ctl("apps/v1", "StatefulSet", "bob", "u-bob")), // alice's CPU pod posing as a leader Pod of bob's
+		pod("bob-9", ctl("apps/v1", "StatefulSet", "bob", "u-bob")),      // … named as the StatefulSet's, past its one replica
 	}
 	s := kruntime.NewScheme()
 	_ = corev1.AddToScheme(s)
@@ -169,8 +170,8 @@ func TestOwnerWalkLWSPairs(t *testing.T) {
 	// Kueue's statefulset integration on as well (as the fast-path tests
 	// run it), and the LWS integration without the pod integration (the
 	// configuration 2dae57d names): the worker StatefulSet is then a
-	// "statefulset" link under a Pod, a pair intermediateOK does not list,
-	// so the real worker pod is refused (review 9, F3; fails today).
+	// "statefulset" link under a Pod, and the real worker pod was refused
+	// before intermediateOK listed that pair (review 9, F3).
 	withSTS := withPod
 	withSTS.Kueue.Frameworks = append([]string{"statefulset"}, withPod.Kueue.Frameworks...)
 	noPod := withPod
@@ -183,8 +184,8 @@ func TestOwnerWalkLWSPairs(t *testing.T) {
 		deny    string // "" admitted; else a part of the denial
 		cfg     *mutation.Config
 	}{
-		{"real chain, statefulset integration on (fails today, F3): the StatefulSet controller's worker pod", false, ctl("apps/v1", "StatefulSet", "bob-0", "u-bob-0"), stsCtl, "", &withSTS},
-		{"real chain, LWS without the pod integration (fails today, F3): the StatefulSet controller's worker pod", false, ctl("apps/v1", "StatefulSet", "bob-0", "u-bob-0"), stsCtl, "", &noPod},
+		{"real chain, statefulset integration on: the StatefulSet controller's worker pod", false, ctl("apps/v1", "StatefulSet", "bob-0", "u-bob-0"), stsCtl, "", &withSTS},
+		{"real chain, LWS without the pod integration: the StatefulSet controller's worker pod", false, ctl("apps/v1", "StatefulSet", "bob-0", "u-bob-0"), stsCtl, "", &noPod},
 		{"real chain: the StatefulSet controller's worker pod", false, ctl("apps/v1", "StatefulSet", "bob-0", "u-bob-0"), stsCtl, "", nil},
 		{"real chain: the LWS controller's worker StatefulSet under the leader Pod", true, ctl("v1", "Pod", "bob-0", "u-bob-0"), lwsCtl, "", nil},
 		{"real chain: the StatefulSet controller's leader pod", false, ctl("apps/v1", "StatefulSet", "bob", "u-bob"), stsCtl, "", nil},
@@ -193,7 +194,8 @@ func TestOwnerWalkLWSPairs(t *testing.T) {
 		{"alice's StatefulSet under bob's LWS", true, ctl("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "bob", "u-bob"), "alice", "not by a controller gpupack trusts", nil},
 		{"forged: leader Pod named with another UID", true, ctl("v1", "Pod", "bob-0", "u-other"), lwsCtl, "is not that object", nil},
 		{"forged: a StatefulSet under a queued Job's pod (not an LWS leader)", true, ctl("v1", "Pod", "queued-x", "u-queued-x"), lwsCtl, "only an LWS group's leader Pod", nil},
-		{"forged (fails today, F2): a trusted StatefulSet under alice's CPU pod posing as bob's leader Pod", true, ctl("v1", "Pod", "alice-fake", "u-alice-fake"), lwsCtl, "alice-fake", nil},
+		{"forged (review 9, F2): a trusted StatefulSet under alice's CPU pod posing as bob's leader Pod", true, ctl("v1", "Pod", "alice-fake", "u-alice-fake"), lwsCtl, "bob-<ordinal>", nil},
+		{"forged (review 9, F2): a trusted StatefulSet under alice's CPU pod named past bob's leader StatefulSet's replicas", true, ctl("v1", "Pod", "bob-9", "u-bob-9"), lwsCtl, "past the 1 replicas", nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := withPod

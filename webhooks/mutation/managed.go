@@ -193,12 +193,25 @@ type Unmanaged struct {
 	// NamespaceAllows: its namespace carries
 	// NamespaceLabelUnmanagedGPUs=allow.
 	NamespaceAllows bool
+	// PosesAsChild: it names as its controller (or as a link of its
+	// controller chain) an owner that is not that object, or one Kueue
+	// manages while nobody gpupack trusts to create objects for their
+	// owner created it. Neither the policy Allow nor a namespace's opt-out
+	// lets it in: a trusted controller adopts such an object as its
+	// owner's child and copies the owner's gpupack.io/plan into it — its
+	// pods would take another job's GPU slots (review 9, F1).
+	PosesAsChild bool
 }
 
 // CheckUnmanaged is the unmanaged-GPU policy for a GPU object (what: "pod",
 // "Job", …) that Kueue will not manage: nil under Allow or in a namespace
-// that opted out, else a denial that says what to do.
+// that opted out, else a denial that says what to do. An object that poses
+// as a managed job's child (Unmanaged.PosesAsChild) is denied whatever the
+// policy and the namespace say.
 func (m *Mutator) CheckUnmanaged(what string, u Unmanaged) error {
+	if u.PosesAsChild {
+		return fmt.Errorf("%s asks for GPUs under an owner it cannot claim (%s); the unmanaged-GPU policy's Allow and the namespace label %s=allow do not cover it, since its owner's controller would adopt it and hand it that job's GPUs. Create it without that owner reference", what, u.Why, NamespaceLabelUnmanagedGPUs)
+	}
 	if m.cfg.UnmanagedGPUs.Policy == UnmanagedAllow || u.NamespaceAllows {
 		return nil
 	}

@@ -553,9 +553,16 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 // member of a Kueue pod group takes one only if the group's members were
 // all created by one user (owners.GroupSlot on their gpupack.io/created-by
 // stamps): Kueue makes any pod labelled with the group's name an owner of
-// its Workload (review 14 F3). A pod-group member it cannot read yet is an
-// error (retried), never a guess.
+// its Workload (review 14 F3). A pod that asks for no GPU takes no slot:
+// the check writes a plan only into GPU pod sets, and a tenant's CPU Job
+// forged under the victim's JobSet (which no gpupack webhook sees) is
+// given the victim's plan by the JobSet controller (review 9, F1b). A
+// pod-group member it cannot read yet is an error (retried), never a
+// guess.
 func (r *Reconciler) notForPod(ctx context.Context, pod *corev1.Pod, plan *v1alpha1.GPUPlan) (reason, why string, err error) {
+	if !asksGPU(pod) {
+		return EventPlanNotForPod, "the pod asks for no GPU, and a GPUPlan slot is for a GPU pod of its Workload (the check writes the plan only into GPU pod sets)", nil
+	}
 	wl := &kueue.Workload{}
 	f := owners.Finder{Reader: r.Client}
 	err = r.Client.Get(ctx, types.NamespacedName{Namespace: pod.Namespace, Name: plan.Spec.WorkloadName}, wl)

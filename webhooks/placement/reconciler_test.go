@@ -27,7 +27,8 @@ func gatedPod(name, uid, plan string, index string, gates ...string) *corev1.Pod
 		Labels:          map[string]string{"training.kubeflow.org/replica-type": "worker", "training.kubeflow.org/replica-index": index},
 		Annotations:     map[string]string{v1alpha1.AnnotationPlan: plan},
 		OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(&metav1.ObjectMeta{Name: "job", UID: testJobUID}, batchv1.SchemeGroupVersion.WithKind("Job"))}},
-		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "i"}}}}
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "i",
+			Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{v1alpha1.ResourceNvidiaGPU: resource.MustParse("1")}}}}}}
 	for _, g := range append(gates, v1alpha1.SchedulingGatePlacement) {
 		p.Spec.SchedulingGates = append(p.Spec.SchedulingGates, corev1.PodSchedulingGate{Name: g})
 	}
@@ -202,9 +203,14 @@ func TestReconcileRefusesPodOfAnotherJob(t *testing.T) {
 	recreatedWL := testPlan()
 	recreatedWL.Name, recreatedWL.Spec.WorkloadUID = "stale", "uid-old-wl"
 	stale := gatedPod("stale-wl", "u-stale", "stale", "0")
-	r, c, rec := setup(t, testPlan(), recreatedWL, handMade, otherJob, grouped, stale, gatedPod("own", "u-own", "wl", "0"))
+	// A pod of the plan's own Job that asks for no GPU: a tenant's CPU Job
+	// forged under the victim's JobSet gets the victim's plan copied in
+	// by the JobSet controller, and a gate of her own (review 9, F1b).
+	cpu := gatedPod("cpu", "u-cpu", "wl", "0")
+	cpu.Spec.Containers[0].Resources = corev1.ResourceRequirements{}
+	r, c, rec := setup(t, testPlan(), recreatedWL, handMade, otherJob, grouped, stale, cpu, gatedPod("own", "u-own", "wl", "0"))
 	refused := testutil.ToFloat64(decisions.WithLabelValues(EventPlanNotForPod))
-	for _, name := range []string{"hand-made", "other-job", "grouped", "stale-wl"} {
+	for _, name := range []string{"hand-made", "other-job", "grouped", "stale-wl", "cpu"} {
 		if res := reconcilePod(t, r, name); res.RequeueAfter == 0 {
 			t.Errorf("%s: no requeue", name)
 		}
@@ -215,8 +221,8 @@ func TestReconcileRefusesPodOfAnotherJob(t *testing.T) {
 			t.Errorf("%s: event %q, want %s", name, ev, EventPlanNotForPod)
 		}
 	}
-	if got := testutil.ToFloat64(decisions.WithLabelValues(EventPlanNotForPod)) - refused; got != 4 {
-		t.Errorf("gpupack_placement_decisions_total{result=PlanNotForThisPod} +%v, want +4", got)
+	if got := testutil.ToFloat64(decisions.WithLabelValues(EventPlanNotForPod)) - refused; got != 5 {
+		t.Errorf("gpupack_placement_decisions_total{result=PlanNotForThisPod} +%v, want +5", got)
 	}
 	plan := &v1alpha1.GPUPlan{}
 	_ = c.Get(context.Background(), types.NamespacedName{Namespace: "ns", Name: "wl"}, plan)

@@ -4,7 +4,12 @@ package security
 // copy exception and the LWS walk-through pairs of the owner walk
 // (webhooks/managed.go intermediateOK), as tenant alice with `edit`, on the
 // real apiserver with the shipped RBAC and policies. Each test asserts the
-// promise; a failure starting "BROKEN" is the finding.
+// promise; a failure starting "BROKEN" is the finding. Each finding failed
+// here before its answer (docs/security.md, "Review 9"): F1 a GPU Job
+// forged under the victim's JobSet in an opted-out namespace
+// (Unmanaged.PosesAsChild), F1b the same as a CPU Job (the ungater places
+// no pod that asks for no GPU), F2 a tenant's pod as an LWS leader
+// (kueueView.statefulSetPod), F4 CronJobs (gpupack-job-plan).
 
 import (
 	"fmt"
@@ -444,7 +449,8 @@ func TestReview9JobPlanPolicyEdges(t *testing.T) {
 	}
 	held("alice renaming her planned replicated job (the plan under a new name)", c.aliceSelf.Patch(ctx, js, jsonPatch(t, map[string]any{"op": "replace", "path": "/spec/replicatedJobs/0/name", "value": "w2"})))
 
-	// CronJob: not in the policy, no gpupack webhook entry.
+	// CronJob: no gpupack webhook entry; gpupack-job-plan refuses a plan
+	// in its Job template at creation and on update (F4).
 	cj := &batchv1.CronJob{ObjectMeta: metav1.ObjectMeta{Name: "alices-cron", Namespace: ns}, Spec: batchv1.CronJobSpec{Schedule: "* * * * *", Suspend: ptr.To(true),
 		JobTemplate: batchv1.JobTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{mutation.LabelQueueName: "gpu"}}, Spec: batchv1.JobSpec{Template: cpuTemplate()}}}}
 	cj.Spec.JobTemplate.Spec.Template.Annotations[v1alpha1.AnnotationPlan] = "bob-plan"
@@ -464,9 +470,11 @@ func TestReview9JobPlanPolicyEdges(t *testing.T) {
 	} else {
 		t.Errorf("BROKEN (gpupack-job-plan, layer 1): bob's plan added to alice's CronJob's Job template by update (the policy does not list cronjobs)")
 	}
-	// The CronJob controller's Job of it, as kube-controller-manager
+	// The CronJob controller's Job of a CronJob, as kube-controller-manager
 	// without --use-service-account-credentials (a trusted creator; with
-	// them, cronjob-controller is not trusted and the Job is refused).
+	// them, cronjob-controller is not trusted and the Job is refused),
+	// given bob's plan (as if a template had carried one: the policy now
+	// refuses that, so this is the layer below it).
 	const kcm = "system:kube-controller-manager"
 	c.env.MustCreate(t, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "r9-kcm-jobs"},
 		Rules: []rbacv1.PolicyRule{{APIGroups: []string{"batch"}, Resources: []string{"jobs"}, Verbs: []string{"*"}}}})
@@ -474,7 +482,7 @@ func TestReview9JobPlanPolicyEdges(t *testing.T) {
 		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "r9-kcm-jobs"},
 		Subjects: []rbacv1.Subject{{Kind: "User", APIGroup: "rbac.authorization.k8s.io", Name: kcm}}})
 	cronJob := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "alices-cron-1", Namespace: ns, Labels: cj.Spec.JobTemplate.Labels,
-		OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(cj, batchv1.SchemeGroupVersion.WithKind("CronJob"))}}, Spec: *cj.Spec.JobTemplate.Spec.DeepCopy()}
+		OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(cj2, batchv1.SchemeGroupVersion.WithKind("CronJob"))}}, Spec: *cj.Spec.JobTemplate.Spec.DeepCopy()}
 	if err := c.as(t, kcm, []string{"system:authenticated"}, nil).Create(ctx, cronJob); err != nil {
 		t.Logf("HELD: the CronJob controller's Job with bob's plan refused: %v", err)
 		return
