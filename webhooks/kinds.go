@@ -361,7 +361,14 @@ func (h *kindMutator) unmanaged(ctx context.Context, req admission.Request, ts [
 			return nil
 		}
 	}
-	if u := h.kv.unmanaged(ctx, obj, h.k.framework(), &req.UserInfo); u != nil {
+	creator := &req.UserInfo
+	if req.Operation == admissionv1.Update {
+		old := &metav1.PartialObjectMetadata{}
+		if err := json.Unmarshal(req.OldObject.Raw, old); err == nil {
+			creator = updateCreator(req, old, obj)
+		}
+	}
+	if u := h.kv.unmanaged(ctx, obj, h.k.framework(), creator); u != nil {
 		return h.m.CheckUnmanaged(describeKind(h.k.kind, obj.Name), *u)
 	}
 	return nil

@@ -11,6 +11,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -116,7 +117,7 @@ func (k kueueView) throughOwners(ctx context.Context, obj metav1.Object, creator
 			owner, err := k.owner(ctx, obj.GetNamespace(), ref)
 			if err != nil || owner.UID != ref.UID {
 				why += fmt.Sprintf("; its owner %s %s cannot be read or is not that object", ref.Kind, ref.Name)
-				return &mutation.Unmanaged{Why: why, PosesAsChild: true}, true
+				return &mutation.Unmanaged{Why: why}, true
 			}
 			// Only through to the owner Kueue's pod integration takes
 			// such pods in by: a Deployment above a ReplicaSet; an LWS
@@ -147,7 +148,7 @@ func (k kueueView) throughOwners(ctx context.Context, obj metav1.Object, creator
 			owner, err := k.owner(ctx, obj.GetNamespace(), ref)
 			if err != nil || owner.UID != ref.UID {
 				why += fmt.Sprintf("; its owner %s %s cannot be read or is not that object", ref.Kind, ref.Name)
-				return &mutation.Unmanaged{Why: why, PosesAsChild: true}, true
+				return &mutation.Unmanaged{Why: why}, true
 			}
 			why += fmt.Sprintf("; nor its owner %s %s (%s)", ref.Kind, ref.Name, k.whyNot(fw, owner.Labels))
 			if no := k.intermediateOK(ctx, fw, owner); no != "" {
@@ -165,11 +166,11 @@ func (k kueueView) throughOwners(ctx context.Context, obj metav1.Object, creator
 		owner, err := k.owner(ctx, obj.GetNamespace(), ref)
 		if err != nil {
 			why += fmt.Sprintf("; its owner %s %s cannot be read: %v", ref.Kind, ref.Name, err)
-			return &mutation.Unmanaged{Why: why, PosesAsChild: true}, true
+			return &mutation.Unmanaged{Why: why}, true
 		}
 		if owner.UID != ref.UID {
 			why += fmt.Sprintf("; its owner reference to %s %s names UID %s, which is not that object", ref.Kind, ref.Name, ref.UID)
-			return &mutation.Unmanaged{Why: why, PosesAsChild: true}, true
+			return &mutation.Unmanaged{Why: why}, true
 		}
 		selfManaged := k.m.ManagesItself(fw, owner.Labels)
 		if selfManaged {
@@ -206,7 +207,7 @@ func (k kueueView) throughOwners(ctx context.Context, obj metav1.Object, creator
 			}
 			first := metav1.GetControllerOf(obj)
 			why += fmt.Sprintf("; Kueue manages its owner %s %s, but it names %s %s as its controller and was created by %q, not by a controller gpupack trusts to create objects for their owner (unmanagedGPUs.ownerControllers)", ref.Kind, ref.Name, first.Kind, first.Name, creator.Username)
-			return &mutation.Unmanaged{Why: why, PosesAsChild: true}, true
+			return &mutation.Unmanaged{Why: why, PosesAsChild: copiesPlan(first)}, true
 		}
 		why += fmt.Sprintf("; nor its owner %s %s (%s)", ref.Kind, ref.Name, k.whyNot(fw, owner.Labels))
 		if no := k.intermediateOK(ctx, fw, owner); no != "" {
@@ -290,8 +291,31 @@ func (k kueueView) intermediateOK(ctx context.Context, framework string, owner m
 	return ""
 }
 
+// copiesPlan: the controller of an owner of kind ref copies that owner's
+// pod templates — its gpupack.io/plan with them — into the children it
+// controls when it resumes them (the gpupack-job-plan policy's
+// propagates): the JobSet controller into a JobSet's Jobs, the MPI
+// operator into an MPIJob's launcher Job, the Trainer into a TrainJob's
+// JobSet. A child it did not make, naming such an owner, would be handed
+// the owner's plan (review 9, F1). Other controllers make their children
+// from their own templates and never copy a plan into an existing one.
+func copiesPlan(ref *metav1.OwnerReference) bool {
+	gv, err := schema.ParseGroupVersion(ref.APIVersion)
+	if err != nil {
+		return false
+	}
+	switch {
+	case gv.Group == "jobset.x-k8s.io" && ref.Kind == "JobSet",
+		gv.Group == "kubeflow.org" && ref.Kind == "MPIJob",
+		gv.Group == "trainer.kubeflow.org" && ref.Kind == "TrainJob":
+		return true
+	}
+	return false
+}
+
 // statefulSetPod says why not ("" when it is) pod is one the StatefulSet
-// of set makes: named <set>-<ordinal>, ordinal below its replicas.
+// of set makes: named <set>-<ordinal>, ordinal in [start, start+replicas)
+// (spec.ordinals.start, 0 by default).
 func (k kueueView) statefulSetPod(ctx context.Context, pod metav1.Object, set *metav1.OwnerReference) string {
 	ord, ok := statefulSetOrdinal(pod.GetName(), set.Name)
 	if !ok {
@@ -304,8 +328,12 @@ func (k kueueView) statefulSetPod(ctx context.Context, pod metav1.Object, set *m
 	if err := k.r.Live.Get(ctx, types.NamespacedName{Namespace: pod.GetNamespace(), Name: set.Name}, sts); err != nil || sts.UID != set.UID {
 		return fmt.Sprintf("its StatefulSet %s cannot be read or is not that object", set.Name)
 	}
-	if replicas := int(ptr.Deref(sts.Spec.Replicas, 1)); ord >= replicas {
-		return fmt.Sprintf("Pod %s is past the %d replicas of StatefulSet %s, which makes no such pod", pod.GetName(), replicas, set.Name)
+	start := 0
+	if sts.Spec.Ordinals != nil {
+		start = int(sts.Spec.Ordinals.Start)
+	}
+	if replicas := int(ptr.Deref(sts.Spec.Replicas, 1)); ord < start || ord >= start+replicas {
+		return fmt.Sprintf("Pod %s is outside the ordinals %d–%d of StatefulSet %s (%d replicas from %d), which makes no such pod", pod.GetName(), start, start+replicas-1, set.Name, replicas, start)
 	}
 	return ""
 }
@@ -465,7 +493,13 @@ func (k kueueView) owner(ctx context.Context, ns string, ref *metav1.OwnerRefere
 	if r == nil {
 		return nil, fmt.Errorf("no reader")
 	}
-	if err := r.Get(ctx, types.NamespacedName{Namespace: ns, Name: ref.Name}, meta); err != nil {
+	err = r.Get(ctx, types.NamespacedName{Namespace: ns, Name: ref.Name}, meta)
+	if apierrors.IsNotFound(err) && r != k.r.Live && k.r.Live != nil {
+		// The Job controller creates pods milliseconds after their Job,
+		// often before the manager's cache has it (review 10, F3).
+		err = k.r.Live.Get(ctx, types.NamespacedName{Namespace: ns, Name: ref.Name}, meta)
+	}
+	if err != nil {
 		return nil, err
 	}
 	return meta, nil

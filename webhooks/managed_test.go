@@ -421,43 +421,48 @@ func TestOwnerReferenceCountsOnlyFromItsController(t *testing.T) {
 }
 
 // TestPosesAsChildDeniedWhateverThePolicy (review 9, F1): a GPU object
-// that names a Kueue-managed owner while nobody gpupack trusts created it,
-// or an owner reference that is not that object, is refused in a namespace
-// that opted out of the unmanaged-GPU policy and under the policy Allow
-// too: a trusted controller adopts it by its reference and copies the
-// owner's gpupack.io/plan into it (the JobSet controller, a forged Job
-// under a victim's JobSet), so its pods would take the victim's slots.
-// The same objects made by the Job controller, and a GPU pod of no owner
-// there, are allowed as before.
+// whose controller is a Kueue-managed owner whose controller copies its
+// templates into its children (a JobSet), while nobody gpupack trusts
+// created it, is refused in a namespace that opted out of the
+// unmanaged-GPU policy and under the policy Allow too: the JobSet
+// controller adopts it and copies the owner's gpupack.io/plan into it, so
+// its pods would take the victim's slots. The JobSet controller's own Job,
+// a GPU object of no owner, and objects under owners that copy nothing
+// (a pod under a Job, an owner reference that is not that object, an
+// owner missing from the cache — review 10, F3 and F4) keep the policy's
+// and the opt-out's answer.
 func TestPosesAsChildDeniedWhateverThePolicy(t *testing.T) {
 	ctx := context.Background()
 	yes := true
 	objs := []kruntime.Object{
 		&batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "bob", Namespace: "lab", UID: "u-bob", Labels: map[string]string{mutation.LabelQueueName: "q"}}},
+		&jobset.JobSet{ObjectMeta: metav1.ObjectMeta{Name: "bob-js", Namespace: "lab", UID: "u-bob-js", Labels: map[string]string{mutation.LabelQueueName: "q"}}},
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "lab", Labels: map[string]string{mutation.NamespaceLabelUnmanagedGPUs: "allow"}}},
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "ns"}},
 	}
-	under := func(o metav1.Object, uid string) {
-		o.SetOwnerReferences([]metav1.OwnerReference{{APIVersion: "batch/v1", Kind: "Job", Name: "bob", UID: types.UID(uid), Controller: &yes}})
+	sc := kruntime.NewScheme()
+	_ = corev1.AddToScheme(sc)
+	_ = batchv1.AddToScheme(sc)
+	_ = jobset.AddToScheme(sc)
+	reader := fake.NewClientBuilder().WithScheme(sc).WithRuntimeObjects(objs...).Build()
+	jobRef := func(uid string) []metav1.OwnerReference {
+		return []metav1.OwnerReference{{APIVersion: "batch/v1", Kind: "Job", Name: "bob", UID: types.UID(uid), Controller: &yes}}
 	}
-	pod := func(ns, uid string) kruntime.Object {
+	jobSetRef := []metav1.OwnerReference{{APIVersion: "jobset.x-k8s.io/v1alpha2", Kind: "JobSet", Name: "bob-js", UID: "u-bob-js", Controller: &yes}}
+	pod := func(ns string, owners []metav1.OwnerReference) kruntime.Object {
 		p := wholeGPUPod(ns, "1")
-		if uid != "" {
-			under(p, uid)
-		}
+		p.OwnerReferences = owners
 		return p
 	}
-	job := func(ns, uid string) kruntime.Object {
-		j := &batchv1.Job{TypeMeta: metav1.TypeMeta{APIVersion: "batch/v1", Kind: "Job"}, ObjectMeta: metav1.ObjectMeta{Name: "alice", Namespace: ns},
+	job := func(ns string, owners []metav1.OwnerReference) kruntime.Object {
+		return &batchv1.Job{TypeMeta: metav1.TypeMeta{APIVersion: "batch/v1", Kind: "Job"}, ObjectMeta: metav1.ObjectMeta{Name: "alice", Namespace: ns, OwnerReferences: owners},
 			Spec: batchv1.JobSpec{Template: corev1.PodTemplateSpec{Spec: wholeGPUPod(ns, "1").Spec}}}
-		if uid != "" {
-			under(j, uid)
-		}
-		return j
 	}
 	alice := authenticationv1.UserInfo{Username: "alice", Groups: []string{"system:authenticated"}}
-	jobController := authenticationv1.UserInfo{Username: "system:serviceaccount:kube-system:job-controller"}
-	allow := mutation.Config{UnmanagedGPUs: mutation.UnmanagedGPUsConfig{Policy: mutation.UnmanagedAllow}}
+	jobSetController := authenticationv1.UserInfo{Username: "system:serviceaccount:jobset-system:jobset-controller-manager"}
+	fws := []string{"batch/job", "jobset.x-k8s.io/jobset"}
+	deny := mutation.Config{Kueue: mutation.KueueConfig{Frameworks: fws}}
+	allow := mutation.Config{Kueue: mutation.KueueConfig{Frameworks: fws}, UnmanagedGPUs: mutation.UnmanagedGPUsConfig{Policy: mutation.UnmanagedAllow}}
 	for _, tc := range []struct {
 		name string
 		cfg  mutation.Config
@@ -466,20 +471,24 @@ func TestPosesAsChildDeniedWhateverThePolicy(t *testing.T) {
 		user authenticationv1.UserInfo
 		deny string // "" = allowed
 	}{
-		{"pod under the victim's queued Job, opted-out namespace", mutation.Config{}, PathMutatePod, pod("lab", "u-bob"), alice, `created by "alice"`},
-		{"Job under the victim's queued Job, opted-out namespace", mutation.Config{}, PathMutateJob, job("lab", "u-bob"), alice, `created by "alice"`},
-		{"pod under a forged UID, opted-out namespace", mutation.Config{}, PathMutatePod, pod("lab", "u-other"), alice, "which is not that object"},
-		{"pod under the victim's queued Job, policy Allow", allow, PathMutatePod, pod("lab", "u-bob"), alice, `created by "alice"`},
-		{"the Job controller's pod, opted-out namespace", mutation.Config{}, PathMutatePod, pod("lab", "u-bob"), jobController, ""},
-		{"a GPU pod of no owner, opted-out namespace", mutation.Config{}, PathMutatePod, pod("lab", ""), alice, ""},
-		{"a GPU Job of no owner, opted-out namespace", mutation.Config{}, PathMutateJob, job("lab", ""), alice, ""},
-		{"a GPU pod of no owner, policy Allow", allow, PathMutatePod, pod("ns", ""), alice, ""},
+		{"Job under the victim's JobSet, opted-out namespace", deny, PathMutateJob, job("lab", jobSetRef), alice, `created by "alice"`},
+		{"Job naming a JobSet of another namespace (none here), policy Allow", allow, PathMutateJob, job("ns", []metav1.OwnerReference{{APIVersion: "jobset.x-k8s.io/v1alpha2", Kind: "JobSet", Name: "bob-js", UID: "u-bob-js", Controller: &yes}}), alice, ""},
+		{"Job under the victim's JobSet (same namespace), policy Allow", allow, PathMutateJob, job("lab", jobSetRef), alice, `created by "alice"`},
+		{"the JobSet controller's Job, opted-out namespace", deny, PathMutateJob, job("lab", jobSetRef), jobSetController, ""},
+		{"pod under the victim's queued Job, opted-out namespace (the Job controller copies nothing)", deny, PathMutatePod, pod("lab", jobRef("u-bob")), alice, ""},
+		{"pod under a forged UID, opted-out namespace", deny, PathMutatePod, pod("lab", jobRef("u-other")), alice, ""},
+		{"a GPU pod of no owner, opted-out namespace", deny, PathMutatePod, pod("lab", nil), alice, ""},
+		{"a GPU Job of no owner, opted-out namespace", deny, PathMutateJob, job("lab", nil), alice, ""},
+		{"a GPU pod of no owner, policy Allow", allow, PathMutatePod, pod("ns", nil), alice, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := handlers(t, tc.cfg, objs...)
+			m, err := mutation.New(tc.cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
 			req := request(t, admissionv1.Create, tc.obj, nil)
 			req.UserInfo = tc.user
-			resp := h[tc.path].Handle(ctx, req)
+			resp := Handlers(m, reader)[tc.path].Handle(ctx, req)
 			if tc.deny == "" {
 				if !resp.Allowed {
 					t.Fatalf("denied: %v", resp.Result.Message)

@@ -195,7 +195,7 @@ func TestOwnerWalkLWSPairs(t *testing.T) {
 		{"forged: leader Pod named with another UID", true, ctl("v1", "Pod", "bob-0", "u-other"), lwsCtl, "is not that object", nil},
 		{"forged: a StatefulSet under a queued Job's pod (not an LWS leader)", true, ctl("v1", "Pod", "queued-x", "u-queued-x"), lwsCtl, "only an LWS group's leader Pod", nil},
 		{"forged (review 9, F2): a trusted StatefulSet under alice's CPU pod posing as bob's leader Pod", true, ctl("v1", "Pod", "alice-fake", "u-alice-fake"), lwsCtl, "bob-<ordinal>", nil},
-		{"forged (review 9, F2): a trusted StatefulSet under alice's CPU pod named past bob's leader StatefulSet's replicas", true, ctl("v1", "Pod", "bob-9", "u-bob-9"), lwsCtl, "past the 1 replicas", nil},
+		{"forged (review 9, F2): a trusted StatefulSet under alice's CPU pod named past bob's leader StatefulSet's replicas", true, ctl("v1", "Pod", "bob-9", "u-bob-9"), lwsCtl, "outside the ordinals 0–0", nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := withPod

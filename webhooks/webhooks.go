@@ -14,6 +14,7 @@ import (
 
 	"gomodules.xyz/jsonpatch/v2"
 	admissionv1 "k8s.io/api/admission/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -347,6 +348,21 @@ func (h *podValidator) Handle(ctx context.Context, req admission.Request) admiss
 // without --use-service-account-credentials, a trusted owner controller).
 const garbageCollector = "system:serviceaccount:kube-system:generic-garbage-collector"
 
+// updateCreator is who an update that changes obj's owner references is
+// judged as having created obj by: its requester — unless the update gives
+// obj a controller reference it did not have (none, or another UID), which
+// no trusted controller does for a child it made: that is an adoption (the
+// Trainer's and LWS's server-side apply take over an existing object of
+// their child's name, whoever made it, review 10 F1), judged as if no
+// trusted controller had created it.
+func updateCreator(req admission.Request, old, obj metav1.Object) *authenticationv1.UserInfo {
+	now, was := metav1.GetControllerOf(obj), metav1.GetControllerOf(old)
+	if now != nil && (was == nil || was.UID != now.UID) {
+		return &authenticationv1.UserInfo{Username: req.UserInfo.Username + ", by an update that gave it a controller reference it did not have"}
+	}
+	return &req.UserInfo
+}
+
 type jobMutator struct {
 	m  *mutation.Mutator
 	kv kueueView
@@ -372,7 +388,7 @@ func (h *jobMutator) Handle(ctx context.Context, req admission.Request) admissio
 		// gpupack-job-plan policy. The garbage collector removing the
 		// references to a gone owner is not judged.
 		if old := (&batchv1.Job{}); specAsksGPU(&j.Spec.Template.Spec) && req.UserInfo.Username != garbageCollector && decode(req.OldObject.Raw, old) == nil && !equality.Semantic.DeepEqual(old.OwnerReferences, j.OwnerReferences) {
-			if u := h.kv.unmanaged(ctx, j, "batch/job", &req.UserInfo); u != nil {
+			if u := h.kv.unmanaged(ctx, j, "batch/job", updateCreator(req, old, j)); u != nil {
 				if err := h.m.CheckUnmanaged(describeKind("Job", j.Name), *u); err != nil {
 					return admission.Denied(err.Error())
 				}
@@ -451,6 +467,17 @@ func (h *ptMutator) Handle(ctx context.Context, req admission.Request) admission
 	if req.Operation == admissionv1.Update {
 		if err := h.kv.keepsManagement(ctx, req, j, "kubeflow.org/pytorchjob", ptAsksGPU(j)); err != nil {
 			return admission.Denied(err.Error())
+		}
+		// Owner references changed: judged as a creation, as for Jobs
+		// (review 10, F2: a queued PyTorchJob re-parented under the
+		// tenant's own admitted Job is that Job's child for Kueue, never
+		// suspended again).
+		if old := (&kftraining.PyTorchJob{}); ptAsksGPU(j) && req.UserInfo.Username != garbageCollector && decode(req.OldObject.Raw, old) == nil && !equality.Semantic.DeepEqual(old.OwnerReferences, j.OwnerReferences) {
+			if u := h.kv.unmanaged(ctx, j, "kubeflow.org/pytorchjob", updateCreator(req, old, j)); u != nil {
+				if err := h.m.CheckUnmanaged(describeKind("PyTorchJob", j.Name), *u); err != nil {
+					return admission.Denied(err.Error())
+				}
+			}
 		}
 		h.m.SyncPyTorchJob(j)
 		tmpls := map[string]*corev1.PodTemplateSpec{}

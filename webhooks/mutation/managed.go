@@ -193,11 +193,11 @@ type Unmanaged struct {
 	// NamespaceAllows: its namespace carries
 	// NamespaceLabelUnmanagedGPUs=allow.
 	NamespaceAllows bool
-	// PosesAsChild: it names as its controller (or as a link of its
-	// controller chain) an owner that is not that object, or one Kueue
-	// manages while nobody gpupack trusts to create objects for their
-	// owner created it. Neither the policy Allow nor a namespace's opt-out
-	// lets it in: a trusted controller adopts such an object as its
+	// PosesAsChild: its controller is a Kueue-managed owner whose
+	// controller copies the owner's templates into its children (a
+	// JobSet, an MPIJob, a TrainJob), and nobody gpupack trusts to create
+	// objects for their owner created it. Neither the policy Allow nor a
+	// namespace's opt-out lets it in: that controller takes it for its
 	// owner's child and copies the owner's gpupack.io/plan into it — its
 	// pods would take another job's GPU slots (review 9, F1).
 	PosesAsChild bool
