@@ -379,7 +379,9 @@ func TestPodCreateThroughput(t *testing.T) {
 		}
 	}
 	rate := func(i int) float64 { return float64(total) / took[i].Seconds() }
-	perPod := func(d time.Duration) string { return fmt.Sprintf("%.2f", float64(d.Microseconds())/1000/float64(total)) }
+	perPod := func(d time.Duration) string {
+		return fmt.Sprintf("%.2f", float64(d.Microseconds())/1000/float64(total))
+	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d pods per variant, %d workers, load average %s\n", total, workers, loadAverage())
 	fmt.Fprintf(&b, "| variant | pods/s | ratio | per-batch ratio: median (min–max) | CPU ms/pod: kube-apiserver | etcd | test process (clients + webhook server) | gpupack pod webhook answers/pod |\n|---|---|---|---|---|---|---|---|\n")
