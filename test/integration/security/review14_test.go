@@ -521,13 +521,25 @@ func TestPodGroupCreatorStampForgedOrChanged(t *testing.T) {
 		f(cur.Annotations)
 		return by.Patch(ctx, cur, client.MergeFrom(old))
 	}
+	// The manager's writes meet two policies that refuse them, and the
+	// apiserver reports whichever it evaluated first: gpupack-placement's
+	// stamp rule or gpupack-manager-pod-writes' list of the annotations the
+	// manager may touch (which leaves the stamp out). Either holds.
+	const managerOnly = "gpupack-manager may change only the annotations"
 	for _, who := range []struct {
 		name string
 		cl   client.Client
 	}{{"alice", c.aliceSelf}, {"gpupack's manager", c.manager(t)}} {
-		denied(t, who.name+" changing the stamp to bob", edit(who.cl, "own", func(a map[string]string) { a[v1alpha1.AnnotationCreatedBy] = "bob" }), frozen)
-		denied(t, who.name+" removing the stamp", edit(who.cl, "own", func(a map[string]string) { delete(a, v1alpha1.AnnotationCreatedBy) }), frozen)
-		denied(t, who.name+" adding a stamp", edit(who.cl, "bare", func(a map[string]string) { a[v1alpha1.AnnotationCreatedBy] = "alice" }), frozen)
+		check := func(what string, err error) {
+			t.Helper()
+			if who.name != "alice" && err != nil && strings.Contains(err.Error(), managerOnly) {
+				return
+			}
+			denied(t, what, err, frozen)
+		}
+		check(who.name+" changing the stamp to bob", edit(who.cl, "own", func(a map[string]string) { a[v1alpha1.AnnotationCreatedBy] = "bob" }))
+		check(who.name+" removing the stamp", edit(who.cl, "own", func(a map[string]string) { delete(a, v1alpha1.AnnotationCreatedBy) }))
+		check(who.name+" adding a stamp", edit(who.cl, "bare", func(a map[string]string) { a[v1alpha1.AnnotationCreatedBy] = "alice" }))
 	}
 	// Through pods/status too (it takes metadata).
 	cur := &corev1.Pod{}
