@@ -343,6 +343,7 @@ func (h *kindMutator) unmanaged(ctx context.Context, req admission.Request, ts [
 	if obj.Namespace == "" {
 		obj.Namespace = req.Namespace
 	}
+	creator := &req.UserInfo
 	if req.Operation == admissionv1.Update {
 		if err := h.kv.keepsManagement(ctx, req, obj, h.k.framework(), true); err != nil {
 			return err
@@ -360,13 +361,7 @@ func (h *kindMutator) unmanaged(ctx context.Context, req admission.Request, ts [
 			old.Labels[mutation.LabelQueueName] == obj.Labels[mutation.LabelQueueName]) {
 			return nil
 		}
-	}
-	creator := &req.UserInfo
-	if req.Operation == admissionv1.Update {
-		old := &metav1.PartialObjectMetadata{}
-		if err := json.Unmarshal(req.OldObject.Raw, old); err == nil {
-			creator = updateCreator(req, old, obj)
-		}
+		creator = updateCreator(req, old, obj)
 	}
 	if u := h.kv.unmanaged(ctx, obj, h.k.framework(), creator); u != nil {
 		return h.m.CheckUnmanaged(describeKind(h.k.kind, obj.Name), *u)

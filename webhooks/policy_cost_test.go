@@ -125,19 +125,19 @@ func ephemeralUpdate(p *corev1.Pod, c corev1.EphemeralContainer, username string
 	old := p.DeepCopy()
 	p = p.DeepCopy()
 	p.Spec.EphemeralContainers = append(p.Spec.EphemeralContainers, c)
-	kind := corev1.SchemeGroupVersion.WithKind("Pod")
-	attr := admission.NewAttributesRecord(p, old, kind, p.Namespace, p.Name, corev1.SchemeGroupVersion.WithResource("pods"), "ephemeralcontainers",
-		admission.Update, &metav1.UpdateOptions{}, false, &user.DefaultInfo{Name: username})
-	va := &admission.VersionedAttributes{Attributes: attr, VersionedKind: kind}
-	va.VersionedObject.Set(p)
-	va.VersionedOldObject.Set(old)
-	return va
+	return podUpdateOf(old, p, "ephemeralcontainers", username)
 }
 
 // podUpdate is an update of old to p (the pods resource) as admission sees it.
 func podUpdate(old, p *corev1.Pod, username string) *admission.VersionedAttributes {
+	return podUpdateOf(old, p, "", username)
+}
+
+// podUpdateOf is an update of old to p through subresource ("" for the
+// pods resource itself) as admission sees it.
+func podUpdateOf(old, p *corev1.Pod, subresource, username string) *admission.VersionedAttributes {
 	kind := corev1.SchemeGroupVersion.WithKind("Pod")
-	attr := admission.NewAttributesRecord(p, old, kind, p.Namespace, p.Name, corev1.SchemeGroupVersion.WithResource("pods"), "",
+	attr := admission.NewAttributesRecord(p, old, kind, p.Namespace, p.Name, corev1.SchemeGroupVersion.WithResource("pods"), subresource,
 		admission.Update, &metav1.UpdateOptions{}, false, &user.DefaultInfo{Name: username})
 	va := &admission.VersionedAttributes{Attributes: attr, VersionedKind: kind}
 	va.VersionedObject.Set(p)

@@ -363,6 +363,22 @@ func updateCreator(req admission.Request, old, obj metav1.Object) *authenticatio
 	return &req.UserInfo
 }
 
+// ownerChange judges an update of a GPU job (obj, of framework; kind for
+// the message) whose owner references change as a creation by
+// updateCreator: a queued job re-parented under another job is no longer
+// Kueue's, and could be resumed with GPUs and no quota. old receives the
+// request's old object. The garbage collector removing the references to
+// a gone owner is not judged.
+func (k kueueView) ownerChange(ctx context.Context, req admission.Request, old, obj client.Object, framework, kind string, gpu bool) error {
+	if !gpu || req.UserInfo.Username == garbageCollector || decode(req.OldObject.Raw, old) != nil || equality.Semantic.DeepEqual(old.GetOwnerReferences(), obj.GetOwnerReferences()) {
+		return nil
+	}
+	if u := k.unmanaged(ctx, obj, framework, updateCreator(req, old, obj)); u != nil {
+		return k.m.CheckUnmanaged(describeKind(kind, obj.GetName()), *u)
+	}
+	return nil
+}
+
 type jobMutator struct {
 	m  *mutation.Mutator
 	kv kueueView
@@ -387,12 +403,8 @@ func (h *jobMutator) Handle(ctx context.Context, req admission.Request) admissio
 		// 14 finding 6, round 2). A planned Job's owners are frozen by the
 		// gpupack-job-plan policy. The garbage collector removing the
 		// references to a gone owner is not judged.
-		if old := (&batchv1.Job{}); specAsksGPU(&j.Spec.Template.Spec) && req.UserInfo.Username != garbageCollector && decode(req.OldObject.Raw, old) == nil && !equality.Semantic.DeepEqual(old.OwnerReferences, j.OwnerReferences) {
-			if u := h.kv.unmanaged(ctx, j, "batch/job", updateCreator(req, old, j)); u != nil {
-				if err := h.m.CheckUnmanaged(describeKind("Job", j.Name), *u); err != nil {
-					return admission.Denied(err.Error())
-				}
-			}
+		if err := h.kv.ownerChange(ctx, req, &batchv1.Job{}, j, "batch/job", "Job", specAsksGPU(&j.Spec.Template.Spec)); err != nil {
+			return admission.Denied(err.Error())
 		}
 		h.m.SyncJob(j)
 		return templatePatch(req.Object.Raw, map[string]*corev1.PodTemplateSpec{"/spec/template": &j.Spec.Template})
@@ -472,12 +484,8 @@ func (h *ptMutator) Handle(ctx context.Context, req admission.Request) admission
 		// (review 10, F2: a queued PyTorchJob re-parented under the
 		// tenant's own admitted Job is that Job's child for Kueue, never
 		// suspended again).
-		if old := (&kftraining.PyTorchJob{}); ptAsksGPU(j) && req.UserInfo.Username != garbageCollector && decode(req.OldObject.Raw, old) == nil && !equality.Semantic.DeepEqual(old.OwnerReferences, j.OwnerReferences) {
-			if u := h.kv.unmanaged(ctx, j, "kubeflow.org/pytorchjob", updateCreator(req, old, j)); u != nil {
-				if err := h.m.CheckUnmanaged(describeKind("PyTorchJob", j.Name), *u); err != nil {
-					return admission.Denied(err.Error())
-				}
-			}
+		if err := h.kv.ownerChange(ctx, req, &kftraining.PyTorchJob{}, j, "kubeflow.org/pytorchjob", "PyTorchJob", ptAsksGPU(j)); err != nil {
+			return admission.Denied(err.Error())
 		}
 		h.m.SyncPyTorchJob(j)
 		tmpls := map[string]*corev1.PodTemplateSpec{}

@@ -14,7 +14,6 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -59,13 +58,7 @@ func grantRay(t *testing.T, c *cluster, ns, user string) {
 func rayInstall(t *testing.T, c *cluster) client.Client {
 	t.Helper()
 	env := c.env
-	for _, glob := range []string{"manifests/components/job-kinds/raycluster/rbac.yaml", "manifests/components/job-kinds/rayjob/rbac.yaml"} {
-		for _, u := range framework.ReadObjects(t, glob) {
-			if err := env.Client.Create(env.Ctx, u); err != nil && !apierrors.IsAlreadyExists(err) {
-				t.Fatalf("%s %s: %v", u.GetKind(), u.GetName(), err)
-			}
-		}
-	}
+	applyObjects(t, env, "manifests/components/job-kinds/raycluster/rbac.yaml", "manifests/components/job-kinds/rayjob/rbac.yaml")
 	env.MustCreate(t, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "kuberay-operator-pods"},
 		Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"*"}}}})
 	env.MustCreate(t, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "kuberay-operator-pods"},

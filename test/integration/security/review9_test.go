@@ -43,19 +43,6 @@ import (
 	"github.com/gpupack/gpupack/webhooks/placement"
 )
 
-// r9ApplyObjects creates the objects of the manifests at globs (an
-// installation's job-kind component RBAC).
-func r9ApplyObjects(t *testing.T, c *cluster, globs ...string) {
-	t.Helper()
-	for _, glob := range globs {
-		for _, u := range framework.ReadObjects(t, glob) {
-			if err := c.env.Client.Create(c.env.Ctx, u); err != nil && !apierrors.IsAlreadyExists(err) {
-				t.Fatalf("%s %s: %v", u.GetKind(), u.GetName(), err)
-			}
-		}
-	}
-}
-
 // TestReview9ForgedJobUnderVictimJobSetTakesItsSlot attacks the copy
 // exception of gpupack-job-plan (docs/security.md, "A namespace is one
 // trust domain": "a tenant's Job forged under the victim's JobSet (where a
@@ -86,7 +73,7 @@ func forgedJobUnderJobSet(t *testing.T, cpu bool) {
 	cfg := webhooks.Config{Kueue: mutation.KueueConfig{Frameworks: []string{"batch/job", "kubeflow.org/pytorchjob", "jobset.x-k8s.io/jobset"}}}
 	c := startClusterCfg(t, framework.Options{NoKueue: true, JobSetController: true, JobPodsKeepRunning: true}, []string{webhooks.KindJobSet}, cfg)
 	env, ctx, ns := c.env, c.env.Ctx, c.open
-	r9ApplyObjects(t, c, "manifests/components/job-kinds/jobset/rbac.yaml")
+	applyObjects(t, c.env, "manifests/components/job-kinds/jobset/rbac.yaml")
 	env.MustCreate(t, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: pathNode}})
 	c.startUngater(t)
 	kueueCl := asKueue(t, c)

@@ -107,13 +107,7 @@ func startClusterServing(t *testing.T, opts framework.Options, serve webhooks.Se
 	}
 	// The shipped RBAC and policies, as written (no kustomize needed: the
 	// base files name gpupack-system themselves).
-	for _, glob := range []string{"manifests/base/rbac/*.yaml", "manifests/base/policy/*.yaml"} {
-		for _, u := range framework.ReadObjects(t, glob) {
-			if err := env.Client.Create(env.Ctx, u); err != nil && !apierrors.IsAlreadyExists(err) {
-				t.Fatalf("%s %s: %v", u.GetKind(), u.GetName(), err)
-			}
-		}
-	}
+	applyObjects(t, env, "manifests/base/rbac/*.yaml", "manifests/base/policy/*.yaml")
 	whOpts := env.WebhookServer()
 	env.StartManager(t, func(mgr ctrl.Manager) error { return setup(env, mgr) }, whOpts)
 	mwc, vwc := webhooks.WebhookConfigurations(serve)
@@ -373,5 +367,18 @@ func denied(t *testing.T, what string, err error, want string) {
 	}
 	if !strings.Contains(err.Error(), want) {
 		t.Errorf("%s: err = %v, want one containing %q", what, err, want)
+	}
+}
+
+// applyObjects creates the objects of the manifests at globs (those that
+// exist already are kept).
+func applyObjects(t *testing.T, env *framework.Env, globs ...string) {
+	t.Helper()
+	for _, glob := range globs {
+		for _, u := range framework.ReadObjects(t, glob) {
+			if err := env.Client.Create(env.Ctx, u); err != nil && !apierrors.IsAlreadyExists(err) {
+				t.Fatalf("%s %s: %v", u.GetKind(), u.GetName(), err)
+			}
+		}
 	}
 }
