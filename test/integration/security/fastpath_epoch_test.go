@@ -158,6 +158,16 @@ func TestLWSFastPathEpoch(t *testing.T) {
 		// As gpupack would have set it (gpupack-seccomp refuses a GPU
 		// pod without it, webhook or not).
 		f.Spec.Template.Spec.SecurityContext = &corev1.PodSecurityContext{SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}}
+		// The apiserver's admission sees the entries gone only once its
+		// informer has the change: probe with dry runs until it does.
+		env.Eventually(t, 30*time.Second, "the apiserver's admission no longer calls gpupack's StatefulSet webhooks", func() (bool, string) {
+			probe := f.DeepCopy()
+			if err := c.aliceSelf.Create(ctx, probe, client.DryRunAll); err != nil {
+				return false, err.Error()
+			}
+			v, _ := visible(&corev1.Pod{Spec: probe.Spec.Template.Spec})
+			return v == "all" && markerOf(probe) == marker, fmt.Sprintf("a dry run of %s came back with %s=%q, marker %q", name, v1alpha1.EnvVisibleDevices, v, markerOf(probe))
+		})
 		if err := c.aliceSelf.Create(ctx, f); err != nil {
 			t.Fatalf("storing %s while gpupack does not see StatefulSets: %v", name, err)
 		}
@@ -188,6 +198,7 @@ func TestLWSFastPathEpoch(t *testing.T) {
 	if markerOf(legit) != m.Fingerprint() || !slices.ContainsFunc(legit.Spec.Template.Spec.SchedulingGates, func(g corev1.PodSchedulingGate) bool { return g.Name == v1alpha1.SchedulingGatePlacement }) {
 		t.Fatalf("gpupack's StatefulSet webhook: marker %q (want %q), gates %v", markerOf(legit), m.Fingerprint(), legit.Spec.Template.Spec.SchedulingGates)
 	}
+	r.waitAdmission(t, legit, true, "the apiserver's admission has the StatefulSet clause")
 	if _, calls := podOf(legit, 0); calls != 0 {
 		t.Errorf("a pod of a StatefulSet gpupack marked: the pod webhook answered %v times, want 0 (fast path)", calls)
 	}
@@ -220,16 +231,20 @@ func TestLWSFastPathEpoch(t *testing.T) {
 	}
 	restoreValidating()
 	clause(true, "the manager restores the StatefulSet clause")
-	mustMeetWebhook(forgedOld, "entry dropped and restored, marker of before")
-	mustMeetWebhook(forgedNow, "entry dropped and restored, marker of during")
-	// A template marked before the period is stale too (the cost of a
-	// renewal); one marked after it is fast.
-	if _, calls := podOf(legit, 1); calls != 1 {
-		t.Errorf("a pod of a StatefulSet marked before the period: the pod webhook answered %v times, want 1", calls)
-	}
+	// A template marked after the period is fast: once the apiserver's
+	// admission has the renewed clause (a stale one, of before the period,
+	// would let the forged pods by and read as a break).
 	after := sts("after-restore")
 	if err := c.aliceSelf.Create(ctx, after); err != nil {
 		t.Fatal(err)
+	}
+	r.waitAdmission(t, after, true, "the apiserver's admission has the renewed StatefulSet clause")
+	mustMeetWebhook(forgedOld, "entry dropped and restored, marker of before")
+	mustMeetWebhook(forgedNow, "entry dropped and restored, marker of during")
+	// A template marked before the period is stale too (the cost of a
+	// renewal).
+	if _, calls := podOf(legit, 1); calls != 1 {
+		t.Errorf("a pod of a StatefulSet marked before the period: the pod webhook answered %v times, want 1", calls)
 	}
 	if _, calls := podOf(after, 0); calls != 0 {
 		t.Errorf("a pod of a StatefulSet marked after the period: the pod webhook answered %v times, want 0", calls)
@@ -275,6 +290,11 @@ func TestLWSFastPathEpoch(t *testing.T) {
 		t.Fatal(err)
 	}
 	clause(true, "the manager writes the StatefulSet clause into the new configuration")
+	reinstalled := sts("after-reinstall")
+	if err := c.aliceSelf.Create(ctx, reinstalled); err != nil {
+		t.Fatal(err)
+	}
+	r.waitAdmission(t, reinstalled, true, "the apiserver's admission has the new configuration's StatefulSet clause")
 	mustMeetWebhook(forgedReinstall, "configuration made again, Secret kept")
 
 	// An entry that does not fail closed is no boundary: no clause.

@@ -40,10 +40,11 @@ import (
 // StatefulSet kind and its fast-path reconciler (the epoch), the
 // StatefulSet controller's identity.
 type stsFastPath struct {
-	c     *cluster
-	m     *mutation.Mutator
-	epoch *mutation.FastPathEpoch
-	ssc   client.Client // the StatefulSet controller's identity
+	c      *cluster
+	m      *mutation.Mutator
+	epoch  *mutation.FastPathEpoch
+	ssc    client.Client // the StatefulSet controller's identity
+	probes int           // dry-run pods made by waitAdmission
 }
 
 func startSTSFastPath(t *testing.T) *stsFastPath {
@@ -104,8 +105,9 @@ func (r *stsFastPath) sts(name string) *appsv1.StatefulSet {
 // podOf creates, as the StatefulSet controller, pod i of s from its stored
 // template; unmarked drops gpupack's marker (the pod then meets the pod
 // webhook, to show what it would have done). It returns the created pod
-// (or the error) and how many times gpupack's pod webhook answered.
-func (r *stsFastPath) podOf(t *testing.T, s *appsv1.StatefulSet, i int, unmarked bool) (*corev1.Pod, float64, error) {
+// (or the error) and how many times gpupack's pod webhook answered; opts
+// go to the create (client.DryRunAll for a probe).
+func (r *stsFastPath) podOf(t *testing.T, s *appsv1.StatefulSet, i int, unmarked bool, opts ...client.CreateOption) (*corev1.Pod, float64, error) {
 	t.Helper()
 	env, ctx := r.c.env, r.c.env.Ctx
 	got := &appsv1.StatefulSet{}
@@ -128,8 +130,23 @@ func (r *stsFastPath) podOf(t *testing.T, s *appsv1.StatefulSet, i int, unmarked
 		return n
 	}
 	before := calls()
-	err := r.ssc.Create(ctx, p)
+	err := r.ssc.Create(ctx, p, opts...)
 	return p, calls() - before, err
+}
+
+// waitAdmission waits until the apiserver's admission, which reads webhook
+// configurations from an informer (seconds behind a change on a loaded
+// machine: CI once stored a StatefulSet through an entry the test had
+// just removed), treats a pod of s as fast says: the pod webhook not
+// called (fast) or called. It probes with dry-run creates as the
+// StatefulSet controller, at ordinals no test uses.
+func (r *stsFastPath) waitAdmission(t *testing.T, s *appsv1.StatefulSet, fast bool, what string) {
+	t.Helper()
+	r.c.env.Eventually(t, 30*time.Second, what, func() (bool, string) {
+		r.probes++
+		_, calls, err := r.podOf(t, s, 1000+r.probes, false, client.DryRunAll)
+		return (calls == 0) == fast, fmt.Sprintf("the pod webhook answered a dry-run pod of %s %v times (error %v)", s.Name, calls, err)
+	})
 }
 
 func envOf(p *corev1.Pod, name string) (string, bool) {
