@@ -343,7 +343,7 @@ func (h *kindMutator) unmanaged(ctx context.Context, req admission.Request, ts [
 	if obj.Namespace == "" {
 		obj.Namespace = req.Namespace
 	}
-	creator := &req.UserInfo
+	creator, adopted := &req.UserInfo, false
 	if req.Operation == admissionv1.Update {
 		if err := h.kv.keepsManagement(ctx, req, obj, h.k.framework(), true); err != nil {
 			return err
@@ -361,9 +361,10 @@ func (h *kindMutator) unmanaged(ctx context.Context, req admission.Request, ts [
 			old.Labels[mutation.LabelQueueName] == obj.Labels[mutation.LabelQueueName]) {
 			return nil
 		}
-		creator = updateCreator(req, old, obj)
+		creator, adopted = updateCreator(req, old, obj)
 	}
 	if u := h.kv.unmanaged(ctx, obj, h.k.framework(), creator); u != nil {
+		u.Adopted = h.kv.adoptedByController(req, adopted)
 		return h.m.CheckUnmanaged(describeKind(h.k.kind, obj.Name), *u)
 	}
 	return nil

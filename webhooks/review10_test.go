@@ -2,6 +2,7 @@ package webhooks
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	admissionv1 "k8s.io/api/admission/v1"
@@ -209,8 +210,14 @@ func TestReview10ReparentedPyTorchJobLeavesKueue(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			req := asTenant(request(t, admissionv1.Update, tc.obj, tc.old))
-			if resp := h[tc.path].Handle(ctx, req); resp.Allowed {
+			resp := h[tc.path].Handle(ctx, req)
+			if resp.Allowed {
 				t.Fatalf("BROKEN: alice's queued GPU %s re-parented under her own queued Job anchor by an update (no longer Kueue's while anchor is admitted, so she can resume it outside quota) was allowed", tc.name)
+			}
+			// Her own re-parenting is no controller's adoption: the
+			// refusal tells her to go through Kueue.
+			if msg := resp.Result.Message; strings.Contains(msg, "Delete or rename") || !strings.Contains(msg, "submit it through Kueue") {
+				t.Errorf("the refusal of her re-parenting: %s", msg)
 			}
 		})
 	}
@@ -271,7 +278,12 @@ func TestReview10TrainerAdoptsTenantJobSet(t *testing.T) {
 	// "mine": her JobSet gets the TrainJob as its controller.
 	apply := request(t, admissionv1.Update, adopted, mine)
 	apply.UserInfo = authenticationv1.UserInfo{Username: "system:serviceaccount:kubeflow-system:kubeflow-trainer-controller-manager"}
-	adoptionAllowed := h[PathMutateJobSet].Handle(ctx, apply).Allowed
+	adoption := h[PathMutateJobSet].Handle(ctx, apply)
+	adoptionAllowed := adoption.Allowed
+	// Whoever reads the Trainer's event learns what is in the way.
+	if !adoptionAllowed && !strings.Contains(adoption.Result.Message, "Delete or rename the existing object") {
+		t.Errorf("the refusal of the adoption does not say to clear the existing JobSet: %s", adoption.Result.Message)
+	}
 	// 3. On admission the JobSet controller makes the evil Job.
 	evil := &batchv1.Job{TypeMeta: metav1.TypeMeta{APIVersion: "batch/v1", Kind: "Job"}, ObjectMeta: metav1.ObjectMeta{Name: "mine-evil-0", Namespace: "ns",
 		OwnerReferences: []metav1.OwnerReference{{APIVersion: "jobset.x-k8s.io/v1alpha2", Kind: "JobSet", Name: "mine", UID: "u-js", Controller: ptr.To(true)}}},

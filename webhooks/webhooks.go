@@ -354,13 +354,22 @@ const garbageCollector = "system:serviceaccount:kube-system:generic-garbage-coll
 // no trusted controller does for a child it made: that is an adoption (the
 // Trainer's and LWS's server-side apply take over an existing object of
 // their child's name, whoever made it, review 10 F1), judged as if no
-// trusted controller had created it.
-func updateCreator(req admission.Request, old, obj metav1.Object) *authenticationv1.UserInfo {
+// trusted controller had created it; adopted says so (for the message).
+func updateCreator(req admission.Request, old, obj metav1.Object) (creator *authenticationv1.UserInfo, adopted bool) {
 	now, was := metav1.GetControllerOf(obj), metav1.GetControllerOf(old)
 	if now != nil && (was == nil || was.UID != now.UID) {
-		return &authenticationv1.UserInfo{Username: req.UserInfo.Username + ", by an update that gave it a controller reference it did not have"}
+		return &authenticationv1.UserInfo{Username: req.UserInfo.Username + ", by an update that gave it a controller reference it did not have"}, true
 	}
-	return &req.UserInfo
+	return &req.UserInfo, false
+}
+
+// adoptedByController: an update that gave an object a controller
+// reference it did not have (updateCreator's adopted) came from a
+// controller gpupack trusts to create objects for their owners — an
+// adoption by apply, whose refusal should tell its reader to clear the
+// object in the way, not a tenant re-parenting her own job.
+func (k kueueView) adoptedByController(req admission.Request, adopted bool) bool {
+	return adopted && k.m.CreatesForOwners(req.UserInfo.Username, req.UserInfo.Groups)
 }
 
 // ownerChange judges an update of a GPU job (obj, of framework; kind for
@@ -373,7 +382,9 @@ func (k kueueView) ownerChange(ctx context.Context, req admission.Request, old, 
 	if !gpu || req.UserInfo.Username == garbageCollector || decode(req.OldObject.Raw, old) != nil || equality.Semantic.DeepEqual(old.GetOwnerReferences(), obj.GetOwnerReferences()) {
 		return nil
 	}
-	if u := k.unmanaged(ctx, obj, framework, updateCreator(req, old, obj)); u != nil {
+	creator, adopted := updateCreator(req, old, obj)
+	if u := k.unmanaged(ctx, obj, framework, creator); u != nil {
+		u.Adopted = k.adoptedByController(req, adopted)
 		return k.m.CheckUnmanaged(describeKind(kind, obj.GetName()), *u)
 	}
 	return nil

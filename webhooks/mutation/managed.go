@@ -201,6 +201,22 @@ type Unmanaged struct {
 	// owner's child and copies the owner's gpupack.io/plan into it — its
 	// pods would take another job's GPU slots (review 9, F1).
 	PosesAsChild bool
+	// Adopted: it is judged because an update by a controller gpupack
+	// trusts gave it a controller reference it did not have: that
+	// controller taking over an existing object of its child's name (the
+	// Trainer's and LWS's forced server-side apply), judged as made by
+	// nobody gpupack trusts (review 10, F1). Only the message changes:
+	// whoever reads the controller's event learns what is in the way.
+	Adopted bool
+}
+
+// remedy is what the denial of u tells its reader to do: fallback, or,
+// for an adoption, to clear the way for the controller's own object.
+func (u Unmanaged) remedy(fallback string) string {
+	if u.Adopted {
+		return "an update gave this existing object a controller reference it did not have: its controller adopting an object of its child's name that someone else created, which never takes its owner's GPUs or quota. Delete or rename the existing object, so that the controller creates its own"
+	}
+	return fallback
 }
 
 // CheckUnmanaged is the unmanaged-GPU policy for a GPU object (what: "pod",
@@ -210,12 +226,13 @@ type Unmanaged struct {
 // policy and the namespace say.
 func (m *Mutator) CheckUnmanaged(what string, u Unmanaged) error {
 	if u.PosesAsChild {
-		return fmt.Errorf("%s asks for GPUs under an owner it cannot claim (%s); the unmanaged-GPU policy's Allow and the namespace label %s=allow do not cover it, since its owner's controller would adopt it and hand it that job's GPUs. Create it without that owner reference", what, u.Why, NamespaceLabelUnmanagedGPUs)
+		return fmt.Errorf("%s asks for GPUs under an owner it cannot claim (%s); the unmanaged-GPU policy's Allow and the namespace label %s=allow do not cover it, since its owner's controller would adopt it and hand it that job's GPUs; %s", what, u.Why, NamespaceLabelUnmanagedGPUs, u.remedy("create it without that owner reference"))
 	}
 	if m.cfg.UnmanagedGPUs.Policy == UnmanagedAllow || u.NamespaceAllows {
 		return nil
 	}
-	return fmt.Errorf("%s asks for GPUs but Kueue will not manage it (%s), so it would hold GPUs outside every quota; submit it through Kueue (label %s: <local queue>), or have an administrator label the namespace %s=allow", what, u.Why, LabelQueueName, NamespaceLabelUnmanagedGPUs)
+	return fmt.Errorf("%s asks for GPUs but Kueue will not manage it (%s), so it would hold GPUs outside every quota; %s", what, u.Why,
+		u.remedy(fmt.Sprintf("submit it through Kueue (label %s: <local queue>), or have an administrator label the namespace %s=allow", LabelQueueName, NamespaceLabelUnmanagedGPUs)))
 }
 
 // placementGate brings a fractional GPU pod behind the gpupack.io/placement

@@ -160,7 +160,7 @@ func TestReview10TrainerDoesNotAdoptTenantJobSet(t *testing.T) {
 	if pods := s.pods(t, evilSel); len(pods) != 0 {
 		t.Errorf("BROKEN: evil's pods exist: %s", describePods(pods))
 	}
-	if !strings.Contains(refusal, "JobSet mine asks for GPUs under an owner it cannot claim") {
+	if !strings.Contains(refusal, "JobSet mine asks for GPUs under an owner it cannot claim") || !strings.Contains(refusal, "Delete or rename the existing object") {
 		t.Errorf("the TrainJob's TrainJobResourcesCreationFailed event does not carry gpupack's denial of the adoption: %q", refusal)
 	}
 	// What a platform engineer sees: the TrainJob admitted and "Resumed",
