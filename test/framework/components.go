@@ -52,11 +52,15 @@ func (e *Env) startKueue(t TB, opts Options) {
 		}
 		clientConnection += "managedJobsNamespaceSelector: " + string(raw) + "\n" // JSON is YAML
 	}
+	// No health-probe server ("0"): on a random port (127.0.0.1:0) the
+	// kernel could hand it the webhook port envtest had just picked and
+	// released, and Kueue then exited "listen tcp …: bind: address
+	// already in use" (seen in a full run). Readiness is its webhook.
 	cfg := fmt.Sprintf(`apiVersion: config.kueue.x-k8s.io/v1beta2
 kind: Configuration
 namespace: kueue-system
 health:
-  healthProbeBindAddress: 127.0.0.1:0
+  healthProbeBindAddress: "0"
 metrics:
   bindAddress: "0"
 webhook:
