@@ -4,6 +4,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/json"
@@ -12,7 +13,6 @@ import (
 	"math/big"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
@@ -158,14 +158,26 @@ func kwokStages() ([]string, error) {
 	return files, nil
 }
 
+// ensureSelfSignedPair makes a self-signed key pair in dir unless a
+// matching one is there. Two test packages run at once (make test's -p 2)
+// and may both find none on a fresh machine: each writes its pair into a
+// directory of its own and renames it into place, so dir never holds one
+// package's key next to the other's certificate (the loser keeps the
+// winner's pair).
 func ensureSelfSignedPair(dir string) error {
-	crt, key := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
-	if _, err := os.Stat(crt); err == nil {
-		if _, err := os.Stat(key); err == nil {
-			return nil
-		}
+	if pairOK(dir) {
+		return nil
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	parent := filepath.Dir(dir)
+	if err := os.MkdirAll(parent, 0o755); err != nil {
+		return err
+	}
+	tmp, err := os.MkdirTemp(parent, "."+filepath.Base(dir)+"-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp) // gone after a successful rename
+	if err := os.Chmod(tmp, 0o755); err != nil {
 		return err
 	}
 	pk, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
@@ -185,18 +197,24 @@ func ensureSelfSignedPair(dir string) error {
 	if err != nil {
 		return err
 	}
-	if err := writeAtomic(key, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(tmp, "tls.key"), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600); err != nil {
 		return err
 	}
-	return writeAtomic(crt, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644)
+	if err := os.WriteFile(filepath.Join(tmp, "tls.crt"), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
+		return err
+	}
+	// rename(2) replaces a missing or empty directory; a full one means
+	// another package got there first.
+	if err := os.Rename(tmp, dir); err != nil && !pairOK(dir) {
+		return fmt.Errorf("%s holds no matching tls.crt/tls.key and cannot be replaced (%v); remove it", dir, err)
+	}
+	return nil
 }
 
-func writeAtomic(path string, data []byte, mode os.FileMode) error {
-	tmp := path + ".tmp" + strings.ReplaceAll(fmt.Sprint(time.Now().UnixNano()), "-", "")
-	if err := os.WriteFile(tmp, data, mode); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+// pairOK: dir holds a tls.crt and tls.key that belong together.
+func pairOK(dir string) bool {
+	_, err := tls.LoadX509KeyPair(filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"))
+	return err == nil
 }
 
 func (e *Env) startTrainingOperator(t TB) {

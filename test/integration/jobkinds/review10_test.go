@@ -1,6 +1,7 @@
 package jobkinds
 
 import (
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -13,11 +14,14 @@ import (
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	kueue "sigs.k8s.io/kueue/apis/kueue/v1beta2"
 
 	jobset "sigs.k8s.io/jobset/api/jobset/v1alpha2"
+
+	kftraining "github.com/kubeflow/training-operator/pkg/apis/kubeflow.org/v1"
 
 	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
 	"github.com/gpupack/gpupack/test/framework"
@@ -74,13 +78,17 @@ func TestReview10TrainerDoesNotAdoptTenantJobSet(t *testing.T) {
 		err := alice.Get(env.Ctx, client.ObjectKey{Namespace: s.ns, Name: "mine"}, &rendered)
 		return err == nil, fmt.Sprint(err)
 	})
-	if err := alice.Delete(env.Ctx, probe, client.PropagationPolicy(metav1.DeletePropagationForeground)); err != nil {
+	// Background: the TrainJob goes first, so the Trainer has nothing
+	// left to render the JobSet for (with foreground deletion it kept
+	// re-creating it while the garbage collector deleted it).
+	if err := alice.Delete(env.Ctx, probe, client.PropagationPolicy(metav1.DeletePropagationBackground)); err != nil {
 		t.Fatal(err)
 	}
-	env.Eventually(t, 60*time.Second, "the probe and its JobSet gone", func() (bool, string) {
+	env.Eventually(t, 60*time.Second, "the probe, its JobSet and its Workload gone", func() (bool, string) {
 		errJS := alice.Get(env.Ctx, client.ObjectKey{Namespace: s.ns, Name: "mine"}, &jobset.JobSet{})
 		errTJ := alice.Get(env.Ctx, client.ObjectKeyFromObject(probe), probe.DeepCopy())
-		return apierrors.IsNotFound(errJS) && apierrors.IsNotFound(errTJ), fmt.Sprintf("JobSet: %v; TrainJob: %v", errJS, errTJ)
+		wl, _ := env.WorkloadOf(s.ns, "mine", "TrainJob")
+		return apierrors.IsNotFound(errJS) && apierrors.IsNotFound(errTJ) && wl == nil, fmt.Sprintf("JobSet: %v; TrainJob: %v; Workload %v", errJS, errTJ, wl != nil)
 	})
 
 	mine := &jobset.JobSet{ObjectMeta: metav1.ObjectMeta{Name: "mine", Namespace: s.ns, Labels: map[string]string{"kueue.x-k8s.io/queue-name": "lq"}},
@@ -100,9 +108,24 @@ func TestReview10TrainerDoesNotAdoptTenantJobSet(t *testing.T) {
 	c.Image, c.Command = "alice/miner", []string{"mine"}
 	c.Resources = corev1.ResourceRequirements{Limits: corev1.ResourceList{v1alpha1.ResourceNvidiaGPU: resource.MustParse("8")}}
 	mine.Spec.ReplicatedJobs = append(mine.Spec.ReplicatedJobs, *evil)
-	if err := alice.Create(env.Ctx, mine); err != nil {
-		t.Fatalf("alice's queued GPU JobSet mine: %v", err)
-	}
+	// A re-creation by the Trainer still in flight for the deleted probe
+	// may land late: clear it and create hers.
+	var created *jobset.JobSet
+	env.Eventually(t, 60*time.Second, "alice's queued GPU JobSet mine created", func() (bool, string) {
+		created = mine.DeepCopy()
+		err := alice.Create(env.Ctx, created)
+		if apierrors.IsAlreadyExists(err) {
+			late := &jobset.JobSet{}
+			if gerr := env.Client.Get(env.Ctx, client.ObjectKey{Namespace: s.ns, Name: "mine"}, late); gerr == nil && metav1.GetControllerOf(late) != nil && metav1.GetControllerOf(late).UID == probe.GetUID() {
+				_ = env.Client.Delete(env.Ctx, late, client.PropagationPolicy(metav1.DeletePropagationBackground))
+			}
+			return false, "a JobSet mine of the probe's is still there"
+		}
+		if err != nil {
+			t.Fatalf("alice's queued GPU JobSet mine: %v", err)
+		}
+		return true, ""
+	})
 	env.WaitForWorkloadOf(t, s.ns, "mine", "JobSet", nil)
 
 	if err := alice.Create(env.Ctx, trainJob("mine", s.ns, "TrainingRuntime", "torch", "low", "")); err != nil {
@@ -125,14 +148,17 @@ func TestReview10TrainerDoesNotAdoptTenantJobSet(t *testing.T) {
 		if ref := metav1.GetControllerOf(&js); ref != nil {
 			return true, ""
 		}
-		refusal = trainJobEvent(t, env, s.ns, "mine", "TrainJobResourcesCreationFailed")
 		tj := getTrainJob(t, env, s.ns, "mine")
+		refusal = trainJobEvents(t, env, s.ns, tj.GetUID(), "TrainJobResourcesCreationFailed", "JobSet mine asks for GPUs under an owner it cannot claim")
 		resumed := apimeta.IsStatusConditionFalse(tj.Status.Conditions, trainer.TrainJobSuspended)
 		return refusal != "" && resumed, fmt.Sprintf("refusal %q, conditions %+v", refusal, tj.Status.Conditions)
 	})
 	var js jobset.JobSet
 	if err := env.Client.Get(env.Ctx, client.ObjectKey{Namespace: s.ns, Name: "mine"}, &js); err != nil {
 		t.Fatal(err)
+	}
+	if js.UID != created.UID {
+		t.Fatalf("JobSet mine is not alice's (UID %s, hers %s): %+v", js.UID, created.UID, js.OwnerReferences)
 	}
 	if ref := metav1.GetControllerOf(&js); ref != nil {
 		// The evidence: what the adopted JobSet's evil Job did.
@@ -147,16 +173,21 @@ func TestReview10TrainerDoesNotAdoptTenantJobSet(t *testing.T) {
 	if js.Spec.Suspend == nil || !*js.Spec.Suspend {
 		t.Errorf("BROKEN: alice's JobSet mine, never admitted (8 GPUs over a quota of 2), resumed: %s", describeWorkloadOf(env, s.ns, "mine", "JobSet"))
 	}
-	// Its Jobs, the JobSet controller's, stay suspended and make no pods.
-	var jobs batchv1.JobList
-	if err := env.Client.List(env.Ctx, &jobs, client.InNamespace(s.ns), client.MatchingLabels{labelJobSetName: "mine"}); err != nil {
-		t.Fatal(err)
-	}
-	for _, j := range jobs.Items {
-		if j.Spec.Suspend == nil || !*j.Spec.Suspend {
-			t.Errorf("BROKEN: Job %s of alice's JobSet mine runs (not suspended)", j.Name)
+	// Its Jobs, the JobSet controller's (made suspended for a suspended
+	// JobSet), are there — the controller had its chance — stay
+	// suspended and make no pods.
+	env.Eventually(t, 60*time.Second, "the JobSet controller's Jobs of alice's JobSet mine", func() (bool, string) {
+		var jobs batchv1.JobList
+		if err := env.Client.List(env.Ctx, &jobs, client.InNamespace(s.ns), client.MatchingLabels{labelJobSetName: "mine"}); err != nil {
+			t.Fatal(err)
 		}
-	}
+		for _, j := range jobs.Items {
+			if j.Spec.Suspend == nil || !*j.Spec.Suspend {
+				t.Fatalf("BROKEN: Job %s of alice's JobSet mine runs (not suspended)", j.Name)
+			}
+		}
+		return len(jobs.Items) == len(js.Spec.ReplicatedJobs), fmt.Sprintf("%d Jobs, %d replicated jobs", len(jobs.Items), len(js.Spec.ReplicatedJobs))
+	})
 	if pods := s.pods(t, evilSel); len(pods) != 0 {
 		t.Errorf("BROKEN: evil's pods exist: %s", describePods(pods))
 	}
@@ -207,12 +238,15 @@ func TestReview10ReparentedPyTorchJobRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	if err := alice.Get(env.Ctx, client.ObjectKeyFromObject(big), big); err != nil {
+	// A merge patch (an UPDATE to admission, no resourceVersion to
+	// conflict with the training operator's status writes).
+	reparent, err := json.Marshal(map[string]any{"metadata": map[string]any{"ownerReferences": []metav1.OwnerReference{
+		{APIVersion: "batch/v1", Kind: "Job", Name: "anchor", UID: anchor.UID, Controller: ptr.To(true)}}}})
+	if err != nil {
 		t.Fatal(err)
 	}
-	big.OwnerReferences = []metav1.OwnerReference{{APIVersion: "batch/v1", Kind: "Job", Name: "anchor", UID: anchor.UID, Controller: ptr.To(true)}}
 	bigSel := client.MatchingLabels{"training.kubeflow.org/job-name": "big"}
-	if err := alice.Update(env.Ctx, big); err == nil {
+	if err := alice.Patch(env.Ctx, big, client.RawPatch(types.MergePatchType, reparent)); err == nil {
 		// The attack's next step: resume it.
 		patch := []byte(`{"spec":{"runPolicy":{"suspend":false}}}`)
 		perr := alice.Patch(env.Ctx, big, client.RawPatch("application/merge-patch+json", patch))
@@ -237,6 +271,20 @@ func TestReview10ReparentedPyTorchJobRefused(t *testing.T) {
 	if wl, _ := env.WorkloadOf(s.ns, "big", "PyTorchJob"); wl == nil || admitted(wl) {
 		t.Errorf("big's Workload (3 GPUs over a quota of 2) missing or admitted: %v", wl)
 	}
+	// The training operator has seen big (its Suspended condition): it
+	// had its chance to make pods.
+	env.Eventually(t, 60*time.Second, "the training operator's Suspended condition on big", func() (bool, string) {
+		got := &kftraining.PyTorchJob{}
+		if err := env.Client.Get(env.Ctx, client.ObjectKeyFromObject(big), got); err != nil {
+			return false, err.Error()
+		}
+		for _, c := range got.Status.Conditions {
+			if c.Type == kftraining.JobSuspended && c.Status == corev1.ConditionTrue {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("%+v", got.Status.Conditions)
+	})
 	if pods := s.pods(t, bigSel); len(pods) != 0 {
 		t.Errorf("BROKEN: pods of big exist: %s", describePods(pods))
 	}
@@ -292,9 +340,11 @@ func aggregate(t *testing.T, env *framework.Env, name string) {
 	}
 }
 
-// trainJobEvent is the message of the latest event of reason on TrainJob
-// name, "" when there is none.
-func trainJobEvent(t *testing.T, env *framework.Env, ns, name, reason string) string {
+// trainJobEvents is the message of an event of reason on the TrainJob
+// of UID uid that contains want, else of the latest such event ("" when
+// there is none): an apply may also fail otherwise now and then (a
+// webhook timeout under load), and the name was the probe's too.
+func trainJobEvents(t *testing.T, env *framework.Env, ns string, uid types.UID, reason, want string) string {
 	t.Helper()
 	var evs corev1.EventList
 	if err := env.Client.List(env.Ctx, &evs, client.InNamespace(ns)); err != nil {
@@ -302,11 +352,17 @@ func trainJobEvent(t *testing.T, env *framework.Env, ns, name, reason string) st
 	}
 	msg, last := "", time.Time{}
 	for _, e := range evs.Items {
+		if e.InvolvedObject.Kind != "TrainJob" || e.InvolvedObject.UID != uid || e.Reason != reason {
+			continue
+		}
+		if strings.Contains(e.Message, want) {
+			return e.Message
+		}
 		at := e.LastTimestamp.Time
 		if e.EventTime.After(at) {
 			at = e.EventTime.Time
 		}
-		if e.InvolvedObject.Kind == "TrainJob" && e.InvolvedObject.Name == name && e.Reason == reason && !at.Before(last) {
+		if !at.Before(last) {
 			msg, last = e.Message, at
 		}
 	}
