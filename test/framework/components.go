@@ -19,6 +19,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	kueue "sigs.k8s.io/kueue/apis/kueue/v1beta2"
 )
@@ -90,8 +91,14 @@ internalCertManagement:
 	for {
 		rf := &kueue.ResourceFlavor{ObjectMeta: metav1.ObjectMeta{Name: "readiness-probe"}}
 		err := e.Client.Create(e.Ctx, rf, client.DryRunAll)
-		if err == nil {
+		// Only Kueue's defaulting webhook adds its finalizer: a dry run
+		// that comes back without it passed an apiserver whose admission
+		// has not seen Kueue's webhook configuration yet.
+		if err == nil && controllerutil.ContainsFinalizer(rf, kueue.ResourceInUseFinalizerName) {
 			return
+		}
+		if err == nil {
+			err = fmt.Errorf("the dry-run ResourceFlavor came back without %s: Kueue's webhook not called yet", kueue.ResourceInUseFinalizerName)
 		}
 		if p.Exited() {
 			t.Fatalf("kueue exited:\n%s", p.Tail(30))

@@ -610,7 +610,12 @@ func (e *Env) StartManager(t TB, setup func(ctrl.Manager) error, webhookOpts ...
 		}
 	}()
 	if len(webhookOpts) > 0 {
-		waitTCP(fmt.Sprintf("%s:%d", webhookOpts[0].Host, webhookOpts[0].Port), 20*time.Second)
+		addr := fmt.Sprintf("%s:%d", webhookOpts[0].Host, webhookOpts[0].Port)
+		if !waitTCP(addr, 60*time.Second) {
+			cancel()
+			<-done
+			t.Fatalf("the manager's webhook server is not serving TLS on %s after 60s", addr)
+		}
 	}
 	var once sync.Once
 	stop = func() { once.Do(func() { cancel(); <-done }) }
@@ -618,7 +623,8 @@ func (e *Env) StartManager(t TB, setup func(ctrl.Manager) error, webhookOpts ...
 	return stop
 }
 
-func waitTCP(addr string, d time.Duration) {
+// waitTCP reports whether a TLS server answers on addr within d.
+func waitTCP(addr string, d time.Duration) bool {
 	deadline := time.Now().Add(d)
 	for time.Now().Before(deadline) {
 		// A full TLS handshake: a bare TCP probe makes the server log a
@@ -626,10 +632,11 @@ func waitTCP(addr string, d time.Duration) {
 		d := &net.Dialer{Timeout: 200 * time.Millisecond}
 		if c, err := tls.DialWithDialer(d, "tcp", addr, &tls.Config{InsecureSkipVerify: true}); err == nil { //nolint:gosec // readiness probe only
 			c.Close()
-			return
+			return true
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	return false
 }
 
 func (e *Env) stop(t TB) {

@@ -157,7 +157,7 @@ func (e *Env) SetAdmissionCheckActive(t TB, name string) {
 // the AdmissionCheck Active (a ClusterQueue using it is not active before).
 func (e *Env) WaitForAdmissionCheckActive(t TB, name string) {
 	t.Helper()
-	e.Eventually(t, 30*time.Second, name+" check Active", func() (bool, string) {
+	e.Eventually(t, 90*time.Second, name+" check Active", func() (bool, string) {
 		var ac kueue.AdmissionCheck
 		if err := e.Client.Get(e.Ctx, client.ObjectKey{Name: name}, &ac); err != nil {
 			return false, err.Error()
