@@ -317,3 +317,34 @@ func CounterSum(name string, match map[string]string) (float64, error) {
 	}
 	return n, nil
 }
+
+// AggregateClusterRole fills an aggregated ClusterRole's rules from the
+// roles its aggregationRule selects, as kube-controller-manager's
+// clusterrole aggregation controller does (these control planes run it
+// only where a suite starts the controller manager), so `edit` is the
+// real bootstrap role.
+func (e *Env) AggregateClusterRole(t TB, name string) {
+	t.Helper()
+	role := &rbacv1.ClusterRole{}
+	if err := e.Client.Get(e.Ctx, client.ObjectKey{Name: name}, role); err != nil {
+		t.Fatalf("aggregating ClusterRole %s: %v", name, err)
+	}
+	var rules []rbacv1.PolicyRule
+	for _, sel := range role.AggregationRule.ClusterRoleSelectors {
+		s, err := metav1.LabelSelectorAsSelector(&sel)
+		if err != nil {
+			t.Fatalf("aggregating ClusterRole %s: %v", name, err)
+		}
+		var list rbacv1.ClusterRoleList
+		if err := e.Client.List(e.Ctx, &list, client.MatchingLabelsSelector{Selector: s}); err != nil {
+			t.Fatalf("aggregating ClusterRole %s: %v", name, err)
+		}
+		for _, r := range list.Items {
+			rules = append(rules, r.Rules...)
+		}
+	}
+	role.Rules = rules
+	if err := e.Client.Update(e.Ctx, role); err != nil {
+		t.Fatalf("aggregating ClusterRole %s: %v", name, err)
+	}
+}

@@ -301,8 +301,8 @@ func tenant(t *testing.T, env *framework.Env, ns string) client.Client {
 		Rules: []rbacv1.PolicyRule{{APIGroups: []string{"kubeflow.org", "jobset.x-k8s.io", "trainer.kubeflow.org"}, Resources: []string{"*"},
 			Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}}},
 	})
-	aggregate(t, env, "view") // edit aggregates view
-	aggregate(t, env, "edit")
+	env.AggregateClusterRole(t, "view") // edit aggregates view
+	env.AggregateClusterRole(t, "edit")
 	env.MustCreate(t, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "alice-edit", Namespace: ns},
 		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "edit"},
 		Subjects: []rbacv1.Subject{{Kind: "User", APIGroup: "rbac.authorization.k8s.io", Name: "alice"}}})
@@ -311,33 +311,6 @@ func tenant(t *testing.T, env *framework.Env, ns string) client.Client {
 		t.Fatal(err)
 	}
 	return c
-}
-
-// aggregate does the clusterrole-aggregation controller's work for name.
-func aggregate(t *testing.T, env *framework.Env, name string) {
-	t.Helper()
-	role := &rbacv1.ClusterRole{}
-	if err := env.Client.Get(env.Ctx, client.ObjectKey{Name: name}, role); err != nil {
-		t.Fatal(err)
-	}
-	var rules []rbacv1.PolicyRule
-	for _, sel := range role.AggregationRule.ClusterRoleSelectors {
-		s, err := metav1.LabelSelectorAsSelector(&sel)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var list rbacv1.ClusterRoleList
-		if err := env.Client.List(env.Ctx, &list, client.MatchingLabelsSelector{Selector: s}); err != nil {
-			t.Fatal(err)
-		}
-		for _, r := range list.Items {
-			rules = append(rules, r.Rules...)
-		}
-	}
-	role.Rules = rules
-	if err := env.Client.Update(env.Ctx, role); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // trainJobEvents is the message of an event of reason on the TrainJob

@@ -113,8 +113,8 @@ func startClusterServing(t *testing.T, opts framework.Options, serve webhooks.Se
 	mwc, vwc := webhooks.WebhookConfigurations(serve)
 	env.InstallWebhooks(t, whOpts, mwc, vwc)
 
-	aggregate(t, env, "view") // edit aggregates view
-	aggregate(t, env, "edit")
+	env.AggregateClusterRole(t, "view") // edit aggregates view
+	env.AggregateClusterRole(t, "edit")
 	c.baseline = env.Namespace(t, "team-a")
 	c.open = env.Namespace(t, "team-b")
 	ns := &corev1.Namespace{}
@@ -196,36 +196,6 @@ func (c *cluster) waitForPolicies(t *testing.T) {
 		}
 		return strings.Contains(err.Error(), "gpupack-placement"), err.Error()
 	})
-}
-
-// aggregate fills an aggregated ClusterRole's rules from the roles its
-// aggregationRule selects, as kube-controller-manager's clusterrole
-// aggregation controller does (this control plane runs no controller
-// manager), so `edit` is the real bootstrap role.
-func aggregate(t *testing.T, env *framework.Env, name string) {
-	t.Helper()
-	role := &rbacv1.ClusterRole{}
-	if err := env.Client.Get(env.Ctx, client.ObjectKey{Name: name}, role); err != nil {
-		t.Fatal(err)
-	}
-	var rules []rbacv1.PolicyRule
-	for _, sel := range role.AggregationRule.ClusterRoleSelectors {
-		s, err := metav1.LabelSelectorAsSelector(&sel)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var list rbacv1.ClusterRoleList
-		if err := env.Client.List(env.Ctx, &list, client.MatchingLabelsSelector{Selector: s}); err != nil {
-			t.Fatal(err)
-		}
-		for _, r := range list.Items {
-			rules = append(rules, r.Rules...)
-		}
-	}
-	role.Rules = rules
-	if err := env.Client.Update(env.Ctx, role); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // as returns a client for user impersonated with extra (the admin may
