@@ -62,7 +62,7 @@ func TestReview10TrainerDoesNotAdoptTenantJobSet(t *testing.T) {
 	// really runs (its quota, 2 GPUs, never admits it).
 	env.MustCreate(t, framework.MakeNode("n2").GPUs(8, framework.H100).Obj())
 	env.WaitForNodeReady(t, "n2")
-	env.MustCreate(t, trainingRuntime("torch", s.ns, "", false, false))
+	createRuntime(t, env, s.ns, trainingRuntime("torch", s.ns, "", false, false))
 	alice := tenant(t, env, s.ns)
 
 	// The Trainer's rendering of a TrainJob "mine": for one queued in a

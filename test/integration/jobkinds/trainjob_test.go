@@ -124,6 +124,20 @@ spec:
 `, name, ns, priority, ann, runtime, runtimeKind, res))
 }
 
+// createRuntime creates a (Cluster)TrainingRuntime and waits until the
+// Trainer's TrainJob webhook, which reads runtimes from its cache, knows
+// it: a dry-run TrainJob in ns naming it is no longer refused "must be
+// created before the TrainJob is created".
+func createRuntime(t *testing.T, env *framework.Env, ns string, rt *unstructured.Unstructured) {
+	t.Helper()
+	env.MustCreate(t, rt)
+	probe := trainJob("runtime-probe", ns, rt.GetKind(), rt.GetName(), "low", "")
+	env.Eventually(t, 60*time.Second, "the Trainer's webhook knows "+rt.GetKind()+" "+rt.GetName(), func() (bool, string) {
+		err := env.Client.Create(env.Ctx, probe.DeepCopy(), client.DryRunAll)
+		return err == nil || !strings.Contains(err.Error(), "must be created before the TrainJob is created"), fmt.Sprint(err)
+	})
+}
+
 func fromYAML(s string) *unstructured.Unstructured {
 	u := &unstructured.Unstructured{}
 	if err := yaml.Unmarshal([]byte(s), &u.Object); err != nil {
@@ -217,7 +231,7 @@ func testTrainJobController(t *testing.T, opts framework.Options) *controllerSui
 
 	// The victim's runtime carries the request (and the checkpoint opt-in);
 	// the webhook converts its template at apply time.
-	env.MustCreate(t, trainingRuntime("torch-ckpt", s.ns, "50Gi", true, true))
+	createRuntime(t, env, s.ns, trainingRuntime("torch-ckpt", s.ns, "50Gi", true, true))
 	rt := &unstructured.Unstructured{}
 	rt.SetGroupVersionKind(trainer.GroupVersion.WithKind("TrainingRuntime"))
 	if err := env.Client.Get(env.Ctx, client.ObjectKey{Namespace: s.ns, Name: "torch-ckpt"}, rt); err != nil {
@@ -315,7 +329,7 @@ func testTrainJobController(t *testing.T, opts framework.Options) *controllerSui
 	// The preemptor carries its request itself: annotation plus
 	// resourcesPerNode, on a ClusterTrainingRuntime without a GPU. Kueue's
 	// quota only fits it without the victim.
-	env.MustCreate(t, trainingRuntime("torch-plain", "", "", false, false))
+	createRuntime(t, env, s.ns, trainingRuntime("torch-plain", "", "", false, false))
 	env.MustCreate(t, trainJob("high", s.ns, "ClusterTrainingRuntime", "torch-plain", "high", "50Gi"))
 	if tj := getTrainJob(t, env, s.ns, "high"); tj.Spec.Trainer == nil || tj.Spec.Trainer.ResourcesPerNode == nil {
 		t.Fatal("stored TrainJob high has no resourcesPerNode")
@@ -409,7 +423,7 @@ func TestTrainJobControllerTenantLDPreloadNeverReachesAPod(t *testing.T) {
 	if err != nil || serve.TemplateFingerprint == "" {
 		t.Fatalf("fingerprint: %q %v", serve.TemplateFingerprint, err)
 	}
-	env.MustCreate(t, trainingRuntime("torch", s.ns, "30Gi", true, false))
+	createRuntime(t, env, s.ns, trainingRuntime("torch", s.ns, "30Gi", true, false))
 	env.MustCreate(t, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "trainjobs", Namespace: s.ns},
 		Rules: []rbacv1.PolicyRule{{APIGroups: []string{"trainer.kubeflow.org"}, Resources: []string{"trainjobs"}, Verbs: []string{"get", "list", "watch", "create"}}}})
 	env.MustCreate(t, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "alice-trainjobs", Namespace: s.ns},
