@@ -343,7 +343,6 @@ func (h *kindMutator) unmanaged(ctx context.Context, req admission.Request, ts [
 	if obj.Namespace == "" {
 		obj.Namespace = req.Namespace
 	}
-	creator, adopted := &req.UserInfo, false
 	if req.Operation == admissionv1.Update {
 		if err := h.kv.keepsManagement(ctx, req, obj, h.k.framework(), true); err != nil {
 			return err
@@ -361,10 +360,9 @@ func (h *kindMutator) unmanaged(ctx context.Context, req admission.Request, ts [
 			old.Labels[mutation.LabelQueueName] == obj.Labels[mutation.LabelQueueName]) {
 			return nil
 		}
-		creator, adopted = updateCreator(req, old, obj)
+		return h.kv.judgeAsCreation(ctx, req, old, obj, h.k.framework(), h.k.kind)
 	}
-	if u := h.kv.unmanaged(ctx, obj, h.k.framework(), creator); u != nil {
-		u.Adopted = h.kv.adoptedByController(req, adopted)
+	if u := h.kv.unmanaged(ctx, obj, h.k.framework(), &req.UserInfo); u != nil {
 		return h.m.CheckUnmanaged(describeKind(h.k.kind, obj.Name), *u)
 	}
 	return nil

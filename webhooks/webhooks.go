@@ -363,13 +363,21 @@ func updateCreator(req admission.Request, old, obj metav1.Object) (creator *auth
 	return &req.UserInfo, false
 }
 
-// adoptedByController: an update that gave an object a controller
-// reference it did not have (updateCreator's adopted) came from a
-// controller gpupack trusts to create objects for their owners — an
-// adoption by apply, whose refusal should tell its reader to clear the
-// object in the way, not a tenant re-parenting her own job.
-func (k kueueView) adoptedByController(req admission.Request, adopted bool) bool {
-	return adopted && k.m.CreatesForOwners(req.UserInfo.Username, req.UserInfo.Groups)
+// judgeAsCreation applies the unmanaged-GPU policy to obj (of framework;
+// kind for the message) as if the author of the update from old had
+// created it (updateCreator). A refusal of an adoption by a controller
+// gpupack trusts to create objects for their owners (an apply taking over
+// an object of its child's name) tells its reader to clear the object in
+// the way, not, as a tenant re-parenting her own job is told, to go
+// through Kueue.
+func (k kueueView) judgeAsCreation(ctx context.Context, req admission.Request, old metav1.Object, obj client.Object, framework, kind string) error {
+	creator, adopted := updateCreator(req, old, obj)
+	u := k.unmanaged(ctx, obj, framework, creator)
+	if u == nil {
+		return nil
+	}
+	u.Adopted = adopted && k.m.CreatesForOwners(req.UserInfo.Username, req.UserInfo.Groups)
+	return k.m.CheckUnmanaged(describeKind(kind, obj.GetName()), *u)
 }
 
 // ownerChange judges an update of a GPU job (obj, of framework; kind for
@@ -382,12 +390,7 @@ func (k kueueView) ownerChange(ctx context.Context, req admission.Request, old, 
 	if !gpu || req.UserInfo.Username == garbageCollector || decode(req.OldObject.Raw, old) != nil || equality.Semantic.DeepEqual(old.GetOwnerReferences(), obj.GetOwnerReferences()) {
 		return nil
 	}
-	creator, adopted := updateCreator(req, old, obj)
-	if u := k.unmanaged(ctx, obj, framework, creator); u != nil {
-		u.Adopted = k.adoptedByController(req, adopted)
-		return k.m.CheckUnmanaged(describeKind(kind, obj.GetName()), *u)
-	}
-	return nil
+	return k.judgeAsCreation(ctx, req, old, obj, framework, kind)
 }
 
 type jobMutator struct {
