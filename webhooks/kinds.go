@@ -354,10 +354,15 @@ func (h *kindMutator) unmanaged(ctx context.Context, req admission.Request, ts [
 		// drops its own queue label would rest on an owner the creation
 		// check never let her use (review 18, finding 1: its marked
 		// template's pods skip the pod webhook, which would deny them).
+		// The garbage collector removing owner references is not judged
+		// (gcRemovesOwners, the Jobs' and PyTorchJobs' rule too).
 		old := &metav1.PartialObjectMetadata{}
 		_, oldTs, err := h.k.templates(req.OldObject.Raw)
 		if err != nil || json.Unmarshal(req.OldObject.Raw, old) != nil || (templatesAskGPU(oldTs) && equality.Semantic.DeepEqual(old.OwnerReferences, obj.OwnerReferences) &&
 			old.Labels[mutation.LabelQueueName] == obj.Labels[mutation.LabelQueueName]) {
+			return nil
+		}
+		if templatesAskGPU(oldTs) && old.Labels[mutation.LabelQueueName] == obj.Labels[mutation.LabelQueueName] && gcRemovesOwners(req.UserInfo.Username, old, obj) {
 			return nil
 		}
 		return h.kv.judgeAsCreation(ctx, req, old, obj, h.k.framework(), h.k.kind)

@@ -348,6 +348,38 @@ func (h *podValidator) Handle(ctx context.Context, req admission.Request) admiss
 // without --use-service-account-credentials, a trusted owner controller).
 const garbageCollector = "system:serviceaccount:kube-system:generic-garbage-collector"
 
+// gcRemovesOwners is the one rule for the garbage collector's owner
+// changes (the webhooks' Job, PyTorchJob and job-kind paths; policy
+// gpupack-job-plan says the same in CEL): an update by the garbage
+// collector (kube-controller-manager, under its service account or its own
+// name) that only removes owner references — every reference left is one
+// old had, unchanged — is not judged as a creation. The collector removes
+// references to a gone owner on an orphaning delete (`--cascade=orphan`)
+// and for a dependent that has other owners left; refusing it would leave
+// the owner terminating for good. What the orphans then run is counted by
+// Kueue v0.17's Workload, which stays admitted, and by gpupack's usage rule
+// (docs/security.md, "Orphaning deletes"). Anything else by that user is
+// judged as anyone's update is.
+func gcRemovesOwners(user string, old, obj metav1.Object) bool {
+	if user != garbageCollector && user != "system:kube-controller-manager" {
+		return false
+	}
+	was := old.GetOwnerReferences()
+	for _, r := range obj.GetOwnerReferences() {
+		found := false
+		for _, o := range was {
+			if equality.Semantic.DeepEqual(o, r) {
+				found = true
+				break
+			}
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
+}
+
 // updateCreator is who an update that changes obj's owner references is
 // judged as having created obj by: its requester — unless the update gives
 // obj a controller reference it did not have (none, or another UID), which
@@ -384,10 +416,11 @@ func (k kueueView) judgeAsCreation(ctx context.Context, req admission.Request, o
 // the message) whose owner references change as a creation by
 // updateCreator: a queued job re-parented under another job is no longer
 // Kueue's, and could be resumed with GPUs and no quota. old receives the
-// request's old object. The garbage collector removing the references to
-// a gone owner is not judged.
+// request's old object. The garbage collector removing owner references
+// is not judged (gcRemovesOwners).
 func (k kueueView) ownerChange(ctx context.Context, req admission.Request, old, obj client.Object, framework, kind string, gpu bool) error {
-	if !gpu || req.UserInfo.Username == garbageCollector || decode(req.OldObject.Raw, old) != nil || equality.Semantic.DeepEqual(old.GetOwnerReferences(), obj.GetOwnerReferences()) {
+	if !gpu || decode(req.OldObject.Raw, old) != nil || equality.Semantic.DeepEqual(old.GetOwnerReferences(), obj.GetOwnerReferences()) ||
+		gcRemovesOwners(req.UserInfo.Username, old, obj) {
 		return nil
 	}
 	return k.judgeAsCreation(ctx, req, old, obj, framework, kind)
@@ -415,8 +448,8 @@ func (h *jobMutator) Handle(ctx context.Context, req admission.Request) admissio
 		// tenant's queued Job re-parented under another job is no longer
 		// Kueue's, and she could resume it with GPUs and no quota (issue
 		// 14 finding 6, round 2). A planned Job's owners are frozen by the
-		// gpupack-job-plan policy. The garbage collector removing the
-		// references to a gone owner is not judged.
+		// gpupack-job-plan policy. The garbage collector removing owner
+		// references is not judged (gcRemovesOwners).
 		if err := h.kv.ownerChange(ctx, req, &batchv1.Job{}, j, "batch/job", "Job", specAsksGPU(&j.Spec.Template.Spec)); err != nil {
 			return admission.Denied(err.Error())
 		}
