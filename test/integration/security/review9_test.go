@@ -458,10 +458,10 @@ func TestReview9JobPlanPolicyEdges(t *testing.T) {
 		t.Errorf("BROKEN (gpupack-job-plan, layer 1): bob's plan added to alice's CronJob's Job template by update (the policy does not list cronjobs)")
 	}
 	// The CronJob controller's Job of a CronJob, as kube-controller-manager
-	// without --use-service-account-credentials (a trusted creator; with
-	// them, cronjob-controller is not trusted and the Job is refused),
-	// given bob's plan (as if a template had carried one: the policy now
-	// refuses that, so this is the layer below it).
+	// without --use-service-account-credentials (a trusted creator), with
+	// bob's plan: what a CronJob stored with a plan before the policy
+	// covered CronJobs makes. Refused at its creation by gpupack-job-plan
+	// (a CPU Job meets no gpupack webhook).
 	const kcm = "system:kube-controller-manager"
 	c.env.MustCreate(t, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "r9-kcm-jobs"},
 		Rules: []rbacv1.PolicyRule{{APIGroups: []string{"batch"}, Resources: []string{"jobs"}, Verbs: []string{"*"}}}})
@@ -470,11 +470,13 @@ func TestReview9JobPlanPolicyEdges(t *testing.T) {
 		Subjects: []rbacv1.Subject{{Kind: "User", APIGroup: "rbac.authorization.k8s.io", Name: kcm}}})
 	cronJob := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "alices-cron-1", Namespace: ns, Labels: cj.Spec.JobTemplate.Labels,
 		OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(cj2, batchv1.SchemeGroupVersion.WithKind("CronJob"))}}, Spec: *cj.Spec.JobTemplate.Spec.DeepCopy()}
-	if err := c.as(t, kcm, []string{"system:authenticated"}, nil).Create(ctx, cronJob); err != nil {
-		t.Logf("HELD: the CronJob controller's Job with bob's plan refused: %v", err)
-		return
+	controller := c.as(t, kcm, []string{"system:authenticated"}, nil)
+	held("the CronJob controller's Job of alice's CronJob created with bob's plan", controller.Create(ctx, cronJob.DeepCopy()))
+	// The same Job without a plan is the CronJob controller's to make.
+	delete(cronJob.Spec.Template.Annotations, v1alpha1.AnnotationPlan)
+	if err := controller.Create(ctx, cronJob); err != nil {
+		t.Fatalf("the CronJob controller's Job without a plan: %v", err)
 	}
-	t.Logf("the CronJob controller's Job %s of alice's CronJob carries bob's plan (no Kueue write)", cronJob.Name)
 	// Backstop: its pods do not belong to bob's Workload (controlled by
 	// bob's Job): the walk stops at the CronJob.
 	bobJob, err := c.alice.(*throughJob).jobOf(ctx, ns, "bob-plan")
