@@ -230,3 +230,45 @@ func TestReview11TenantRelabelReleasesPodFromItsJob(t *testing.T) {
 		t.Errorf("BROKEN: alice relabels her running planned GPU pod out of its Job's selector (admitted by the pod webhook and every pod policy), and the Job controller running as system:kube-controller-manager may release it (gpupack-placement's gc): the pod outlives its Job and Workload, holding its GPU outside quota")
 	}
 }
+
+// TestReview11JobPlanCreateRule: gpupack-job-plan now matches every Job
+// creation (for the CronJob rule); oldObject is null there, and an
+// evaluation error would fail closed for every Job. Checked: no creation
+// errors, only a CronJob's Job with a plan is refused (the controllers
+// that create planned Jobs — JobSet, MPI operator, KubeRay, the Trainer's
+// JobSet controller — name other owners). Passes: no hole found here.
+func TestReview11JobPlanCreateRule(t *testing.T) {
+	ctx := context.Background()
+	vap, _ := readPolicy(t, "job-plan.yaml")
+	v := compiledPolicy(&vap)
+	owned := func(apiVersion, kind string, controller bool, plan bool) *batchv1.Job {
+		j := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "j", Namespace: "ns"}, Spec: batchv1.JobSpec{Template: corev1.PodTemplateSpec{Spec: wholeGPUPod("ns", "1").Spec}}}
+		if kind != "" {
+			j.OwnerReferences = []metav1.OwnerReference{{APIVersion: apiVersion, Kind: kind, Name: "o", UID: "u-o", Controller: ptr.To(controller)}}
+		}
+		if plan {
+			j.Spec.Template.Annotations = map[string]string{v1alpha1.AnnotationPlan: "p"}
+		}
+		return j
+	}
+	for _, tc := range []struct {
+		name string
+		job  *batchv1.Job
+		deny bool
+	}{
+		{"a tenant's plain Job", owned("", "", false, false), false},
+		{"a JobSet's planned Job", owned("jobset.x-k8s.io/v1alpha2", "JobSet", true, true), false},
+		{"an MPIJob's planned launcher", owned("kubeflow.org/v2beta1", "MPIJob", true, true), false},
+		{"a RayJob's submitter", owned("ray.io/v1", "RayJob", true, true), false},
+		{"a CronJob's Job without a plan", owned("batch/v1", "CronJob", true, false), false},
+		{"a CronJob's Job with a plan", owned("batch/v1", "CronJob", true, true), true},
+		{"a Job naming a CronJob as a plain owner, with a plan", owned("batch/v1", "CronJob", false, true), false},
+	} {
+		msg, evalErr := decideFor(ctx, v, batchv1.SchemeGroupVersion.WithResource("jobs"), jobAttr(nil, tc.job, "system:kube-controller-manager"))
+		if evalErr {
+			t.Errorf("%s: the policy errors on a Job creation (fails closed for every Job): %s", tc.name, msg)
+		} else if (msg != "") != tc.deny {
+			t.Errorf("%s: denied %q, want deny=%v", tc.name, msg, tc.deny)
+		}
+	}
+}
