@@ -19,6 +19,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
@@ -356,10 +357,13 @@ const garbageCollector = "system:serviceaccount:kube-system:generic-garbage-coll
 // old had, unchanged — is not judged as a creation. The collector removes
 // references to a gone owner on an orphaning delete (`--cascade=orphan`)
 // and for a dependent that has other owners left; refusing it would leave
-// the owner terminating for good. What the orphans then run is counted by
-// Kueue v0.17's Workload, which stays admitted, and by gpupack's usage rule
-// (docs/security.md, "Orphaning deletes"). Anything else by that user is
-// judged as anyone's update is.
+// the owner terminating for good. It may also unblock a reference
+// (blockOwnerDeletion true → false, a foreground deletion's cycle guard):
+// a reference is compared by its identity — API version, kind, name, UID,
+// controller — as the policies compare it (review 11 F1). What the orphans
+// then run is counted by Kueue v0.17's Workload, which stays admitted, and
+// by gpupack's usage rule (docs/security.md, "Orphaning deletes").
+// Anything else by that user is judged as anyone's update is.
 func gcRemovesOwners(user string, old, obj metav1.Object) bool {
 	if user != garbageCollector && user != "system:kube-controller-manager" {
 		return false
@@ -368,7 +372,7 @@ func gcRemovesOwners(user string, old, obj metav1.Object) bool {
 	for _, r := range obj.GetOwnerReferences() {
 		found := false
 		for _, o := range was {
-			if equality.Semantic.DeepEqual(o, r) {
+			if o.APIVersion == r.APIVersion && o.Kind == r.Kind && o.Name == r.Name && o.UID == r.UID && ptr.Deref(o.Controller, false) == ptr.Deref(r.Controller, false) {
 				found = true
 				break
 			}

@@ -72,19 +72,26 @@ func TestOrphaningDeleteOfAdmittedJobSet(t *testing.T) {
 		t.Fatalf("the orphaned Job's pod: %v %v %s", err, pod.DeletionTimestamp, pod.Status.Phase)
 	}
 	// The premise: its GPUs stay counted, by the JobSet's Workload, still
-	// admitted (give Kueue time to act on the deletion).
-	time.Sleep(5 * time.Second)
-	got, err := env.WorkloadOf(s.ns, "orph", "JobSet")
-	if err != nil || got == nil {
-		// WorkloadOf finds it by owner; orphaned, find it by name.
-		var w = wl.DeepCopy()
-		if gerr := env.Client.Get(env.Ctx, client.ObjectKeyFromObject(wl), w); gerr != nil {
-			t.Fatalf("JobSet orph's Workload %s after the orphaning delete: %v (its orphan runs outside quota)", wl.Name, gerr)
+	// admitted. The collector removed the Workload's owner reference
+	// before it let the JobSet go (its orphan finalizer); Kueue reconciles
+	// that update. A negative, so watched for a bounded while: admitted
+	// at every look for 5 s.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		got := wl.DeepCopy()
+		if err := env.Client.Get(env.Ctx, client.ObjectKeyFromObject(wl), got); err != nil {
+			t.Fatalf("JobSet orph's Workload %s after the orphaning delete: %v (its orphan runs outside quota)", wl.Name, err)
 		}
-		got = w
-	}
-	t.Logf("Workload %s after the orphaning delete: %s; owners %v", got.Name, framework.DescribeWorkload(got), got.OwnerReferences)
-	if !admitted(got) || got.DeletionTimestamp != nil {
-		t.Fatalf("JobSet orph's Workload after the orphaning delete is no longer admitted (its orphan Job runs outside quota; docs/security.md \"Orphaning deletes\" no longer holds): %s", framework.DescribeWorkload(got))
+		if len(got.OwnerReferences) != 0 {
+			t.Fatalf("JobSet orph's Workload %s still has owners after the JobSet is gone: %v", wl.Name, got.OwnerReferences)
+		}
+		if !admitted(got) || got.DeletionTimestamp != nil {
+			t.Fatalf("JobSet orph's Workload after the orphaning delete is no longer admitted (its orphan Job runs outside quota; docs/security.md \"Orphaning deletes\" no longer holds): %s", framework.DescribeWorkload(got))
+		}
+		if time.Now().After(deadline) {
+			t.Logf("Workload %s after the orphaning delete: %s; owners %v", got.Name, framework.DescribeWorkload(got), got.OwnerReferences)
+			return
+		}
+		time.Sleep(250 * time.Millisecond)
 	}
 }
