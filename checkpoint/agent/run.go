@@ -813,6 +813,39 @@ func (r *runner) checkCheckpoint() {
 	}
 }
 
+// supersede, after the command exited and the final scan, moves the
+// saved step to the newest gang-consistent step of that scan that was not
+// there at the request, when it is newer than the one seen first (shared
+// directory only: tiered, a step counts once uploaded). A periodic save
+// that was committing when the request came is the first new step the
+// background scan sees; the trainer then saves again on the request and
+// exits, and the step to resume from, and to report, is that last one.
+// The final scan verified it after the command exited, so it is not torn;
+// it is reported again through the Reporter (the earlier report's patch
+// named the older step).
+func (r *runner) supersede() {
+	if r.tiered() || r.savedStep == nil {
+		return
+	}
+	var newest *manifest.StepState
+	for i := range r.scans {
+		st := &r.scans[i]
+		g, ok := st.Gang()
+		if !ok || st.Step <= *r.savedStep || !r.isNew(g.IDs()) || (newest != nil && st.Step <= newest.Step) {
+			continue
+		}
+		newest = st
+	}
+	if newest == nil {
+		return
+	}
+	g, _ := newest.Gang()
+	r.logf("checkpoint-superseded", "step", newest.Step, "was", *r.savedStep, "ranks", g.WorldSize)
+	step := newest.Step
+	r.savedLocal, r.savedLocalIDs, r.savedStep = &step, g.IDs(), nil
+	r.checkUploaded()
+}
+
 // checkUploaded reports the saved step once it is in the shared directory
 // (at once without tiers; tiered, once the uploader copied every local
 // rank of it).
@@ -1098,6 +1131,7 @@ func (r *runner) finish() int {
 		}
 		cancel()
 		r.checkCheckpoint()
+		r.supersede()
 	}
 	rep := Report{ExitCode: code, CommandStatus: &code, CheckpointStep: r.savedStep}
 	if r.tiered() && r.savedLocal != nil {

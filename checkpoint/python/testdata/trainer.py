@@ -42,6 +42,8 @@ def main():
     p.add_argument("--events", default="")
     p.add_argument("--code", type=int, default=0)
     p.add_argument("--save-delay", type=float, default=0, help="sleep this long before a requested save")
+    p.add_argument("--late-save", type=float, default=0,
+                   help="on a request, first save the current step as a periodic save would, sleep this long, then save the next step and exit (a periodic save racing the request)")
     a = p.parse_args()
 
     if a.mode == "exit":
@@ -73,6 +75,12 @@ def main():
     while True:
         time.sleep(a.step_time)
         step += 1
+        if ck.requested() and a.late_save:
+            ck.save(a.dir, step, {"model.bin": ("weights at %d" % step).encode()})
+            record(a.events, "saved %d" % step)
+            time.sleep(a.late_save)
+            a.late_save = 0
+            step += 1
         if ck.requested() or (a.save_every and step % a.save_every == 0):
             if ck.requested() and a.save_delay:
                 record(a.events, "saving slowly")
