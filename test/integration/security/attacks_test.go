@@ -346,9 +346,13 @@ func TestTenantAttacks(t *testing.T) {
 		early := gpuPod(c.open, "early-request")
 		early.Annotations[v1alpha1.AnnotationCheckpointRequest] = future
 		denied(t, "a pod created with a gpupack.io/checkpoint-request", c.alice.Create(ctx, early), "gpupack.io/checkpoint-request")
-		// The tenant's other edits still work.
-		if err := c.alice.Patch(ctx, cur.DeepCopy(), mergePatch(map[string]any{"metadata": map[string]any{"labels": map[string]string{"team": "a"}}})); err != nil {
-			t.Errorf("tenant relabelling its pod: %v", err)
+		// Her planned pod's labels are frozen (a relabel out of its
+		// job's selector would release it from the job: review 11 F2);
+		// her other edits still work.
+		denied(t, "tenant relabelling its planned pod", c.alice.Patch(ctx, cur.DeepCopy(), mergePatch(map[string]any{"metadata": map[string]any{"labels": map[string]string{"team": "a"}}})),
+			"the labels of a pod that carries gpupack.io/plan cannot be added, changed or removed")
+		if err := c.alice.Patch(ctx, cur.DeepCopy(), annPatch("team", "a")); err != nil {
+			t.Errorf("tenant annotating its pod: %v", err)
 		}
 	})
 }
