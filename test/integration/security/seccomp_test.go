@@ -248,9 +248,10 @@ func TestSeccomp(t *testing.T) {
 			t.Errorf("a debug container that inherits the pod's RuntimeDefault: %v", err)
 		}
 		// Other updates of a GPU pod are not the policy's business, even of
-		// a pod stored unconfined before it was installed.
-		if err := c.alice.Patch(ctx, confined.DeepCopy(), mergePatch(map[string]any{"metadata": map[string]any{"labels": map[string]string{"team": "a"}}})); err != nil {
-			t.Errorf("relabelling a GPU pod: %v", err)
+		// a pod stored unconfined before it was installed (an annotation:
+		// a planned pod's labels are gpupack-placement's, review 11 F2).
+		if err := c.alice.Patch(ctx, confined.DeepCopy(), annPatch("team", "a")); err != nil {
+			t.Errorf("annotating a GPU pod: %v", err)
 		}
 	})
 }
