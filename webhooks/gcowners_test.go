@@ -13,10 +13,12 @@ import (
 	ktypes "k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 	jobset "sigs.k8s.io/jobset/api/jobset/v1alpha2"
 
 	kftraining "github.com/kubeflow/training-operator/pkg/apis/kubeflow.org/v1"
 
+	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
 	"github.com/gpupack/gpupack/webhooks/mutation"
 	trainer "github.com/gpupack/gpupack/webhooks/mutation/trainerapi/v1alpha1"
 )
@@ -32,8 +34,15 @@ import (
 // job kinds' path judged the collector's removal (a TrainJob orphaning its
 // JobSet stayed terminating) while the Job path let the collector add any
 // owner.
-func TestGarbageCollectorOwnerRemovalOneRule(t *testing.T) {
-	ctx := context.Background()
+// gcFixture is the fixture of the garbage collector's tests: the webhook
+// handlers (Jobs, PyTorchJobs and JobSets; Kueue's job, pytorchjob, jobset
+// and trainjob integrations) over a queued JobSet js, Job anchor and
+// TrainJob tj, and children(block, plan), a GPU child of each with no
+// queue label of its own — a Job under js (its template carrying plan
+// when plan is not ""), a PyTorchJob under anchor, a JobSet under tj —
+// whose controller reference has blockOwnerDeletion block.
+func gcFixture(t *testing.T) (h map[string]admission.Handler, children func(block bool, plan string) (*batchv1.Job, *kftraining.PyTorchJob, *jobset.JobSet)) {
+	t.Helper()
 	s := kruntime.NewScheme()
 	_ = corev1.AddToScheme(s)
 	_ = batchv1.AddToScheme(s)
@@ -47,21 +56,39 @@ func TestGarbageCollectorOwnerRemovalOneRule(t *testing.T) {
 		&trainer.TrainJob{ObjectMeta: metav1.ObjectMeta{Name: "tj", Namespace: "ns", UID: "u-tj", Labels: queue}},
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "ns"}},
 	}
-	ref := func(apiVersion, kind, name, uid string) []metav1.OwnerReference {
-		return []metav1.OwnerReference{{APIVersion: apiVersion, Kind: kind, Name: name, UID: ktypes.UID(uid), Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true)}}
+	cfg := mutation.Config{Kueue: mutation.KueueConfig{Frameworks: []string{"batch/job", "kubeflow.org/pytorchjob", "jobset.x-k8s.io/jobset", "trainer.kubeflow.org/trainjob"}}, JobKinds: []string{KindJobSet}}
+	m, err := mutation.New(cfg)
+	if err != nil {
+		t.Fatal(err)
 	}
+	h = Handlers(m, fake.NewClientBuilder().WithScheme(s).WithRuntimeObjects(owners...).Build())
 	gpu := wholeGPUPod("ns", "1").Spec
+	children = func(block bool, plan string) (*batchv1.Job, *kftraining.PyTorchJob, *jobset.JobSet) {
+		ref := func(apiVersion, kind, name, uid string) []metav1.OwnerReference {
+			return []metav1.OwnerReference{{APIVersion: apiVersion, Kind: kind, Name: name, UID: ktypes.UID(uid), Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(block)}}
+		}
+		jobTemplate := corev1.PodTemplateSpec{Spec: *gpu.DeepCopy()}
+		if plan != "" {
+			jobTemplate.Annotations = map[string]string{v1alpha1.AnnotationPlan: plan}
+		}
+		job := &batchv1.Job{TypeMeta: metav1.TypeMeta{APIVersion: "batch/v1", Kind: "Job"}, ObjectMeta: metav1.ObjectMeta{Name: "js-w-0", Namespace: "ns", UID: "u-job",
+			OwnerReferences: ref("jobset.x-k8s.io/v1alpha2", "JobSet", "js", "u-js")}, Spec: batchv1.JobSpec{Template: jobTemplate}}
+		pt := &kftraining.PyTorchJob{TypeMeta: metav1.TypeMeta{APIVersion: "kubeflow.org/v1", Kind: "PyTorchJob"}, ObjectMeta: metav1.ObjectMeta{Name: "pt", Namespace: "ns", UID: "u-pt",
+			OwnerReferences: ref("batch/v1", "Job", "anchor", "u-anchor")},
+			Spec: kftraining.PyTorchJobSpec{PyTorchReplicaSpecs: map[kftraining.ReplicaType]*kftraining.ReplicaSpec{
+				kftraining.PyTorchJobReplicaTypeMaster: {Replicas: ptr.To[int32](1), Template: corev1.PodTemplateSpec{Spec: *gpu.DeepCopy()}}}}}
+		js := &jobset.JobSet{TypeMeta: metav1.TypeMeta{APIVersion: "jobset.x-k8s.io/v1alpha2", Kind: "JobSet"}, ObjectMeta: metav1.ObjectMeta{Name: "tj", Namespace: "ns", UID: "u-tjs",
+			OwnerReferences: ref("trainer.kubeflow.org/v1alpha1", "TrainJob", "tj", "u-tj")},
+			Spec: jobset.JobSetSpec{ReplicatedJobs: []jobset.ReplicatedJob{{Name: "node", Replicas: 1, Template: batchv1.JobTemplateSpec{Spec: batchv1.JobSpec{Template: corev1.PodTemplateSpec{Spec: *gpu.DeepCopy()}}}}}}}
+		return job, pt, js
+	}
+	return h, children
+}
 
-	// Children of a running job, no queue label of their own.
-	job := &batchv1.Job{TypeMeta: metav1.TypeMeta{APIVersion: "batch/v1", Kind: "Job"}, ObjectMeta: metav1.ObjectMeta{Name: "js-w-0", Namespace: "ns", UID: "u-job",
-		OwnerReferences: ref("jobset.x-k8s.io/v1alpha2", "JobSet", "js", "u-js")}, Spec: batchv1.JobSpec{Template: corev1.PodTemplateSpec{Spec: gpu}}}
-	pt := &kftraining.PyTorchJob{TypeMeta: metav1.TypeMeta{APIVersion: "kubeflow.org/v1", Kind: "PyTorchJob"}, ObjectMeta: metav1.ObjectMeta{Name: "pt", Namespace: "ns", UID: "u-pt",
-		OwnerReferences: ref("batch/v1", "Job", "anchor", "u-anchor")},
-		Spec: kftraining.PyTorchJobSpec{PyTorchReplicaSpecs: map[kftraining.ReplicaType]*kftraining.ReplicaSpec{
-			kftraining.PyTorchJobReplicaTypeMaster: {Replicas: ptr.To[int32](1), Template: corev1.PodTemplateSpec{Spec: gpu}}}}}
-	js := &jobset.JobSet{TypeMeta: metav1.TypeMeta{APIVersion: "jobset.x-k8s.io/v1alpha2", Kind: "JobSet"}, ObjectMeta: metav1.ObjectMeta{Name: "tj", Namespace: "ns", UID: "u-tjs",
-		OwnerReferences: ref("trainer.kubeflow.org/v1alpha1", "TrainJob", "tj", "u-tj")},
-		Spec: jobset.JobSetSpec{ReplicatedJobs: []jobset.ReplicatedJob{{Name: "node", Replicas: 1, Template: batchv1.JobTemplateSpec{Spec: batchv1.JobSpec{Template: corev1.PodTemplateSpec{Spec: gpu}}}}}}}
+func TestGarbageCollectorOwnerRemovalOneRule(t *testing.T) {
+	ctx := context.Background()
+	h, children := gcFixture(t)
+	job, pt, js := children(true, "")
 	orphan := func(o metav1.Object) any {
 		switch v := o.(type) {
 		case *batchv1.Job:
@@ -80,12 +107,6 @@ func TestGarbageCollectorOwnerRemovalOneRule(t *testing.T) {
 		t.Fatalf("kind %T", o)
 		return nil
 	}
-	cfg := mutation.Config{Kueue: mutation.KueueConfig{Frameworks: []string{"batch/job", "kubeflow.org/pytorchjob", "jobset.x-k8s.io/jobset", "trainer.kubeflow.org/trainjob"}}, JobKinds: []string{KindJobSet}}
-	m, err := mutation.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := Handlers(m, fake.NewClientBuilder().WithScheme(s).WithRuntimeObjects(owners...).Build())
 
 	gc := authenticationv1.UserInfo{Username: garbageCollector}
 	kcm := authenticationv1.UserInfo{Username: "system:kube-controller-manager"}

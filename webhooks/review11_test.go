@@ -11,20 +11,17 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	kruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	ktypes "k8s.io/apimachinery/pkg/types"
 	"k8s.io/apiserver/pkg/admission"
 	"k8s.io/apiserver/pkg/admission/plugin/policy/validating"
 	celconfig "k8s.io/apiserver/pkg/apis/cel"
 	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/utils/ptr"
-	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	jobset "sigs.k8s.io/jobset/api/jobset/v1alpha2"
 
 	kftraining "github.com/kubeflow/training-operator/pkg/apis/kubeflow.org/v1"
 
 	"github.com/gpupack/gpupack/admissioncheck/api/v1alpha1"
 	"github.com/gpupack/gpupack/webhooks/mutation"
-	trainer "github.com/gpupack/gpupack/webhooks/mutation/trainerapi/v1alpha1"
 )
 
 // Review 11 (hostile review of gcRemovesOwners and the CronJob Job rule).
@@ -94,45 +91,10 @@ func jobAttr(old, j *batchv1.Job, username string) *admission.VersionedAttribute
 // (`kubectl delete jobset js --cascade=foreground`).
 func TestReview11GCUnblockIsJudgedAsACreation(t *testing.T) {
 	ctx := context.Background()
-	s := kruntime.NewScheme()
-	_ = corev1.AddToScheme(s)
-	_ = batchv1.AddToScheme(s)
-	_ = jobset.AddToScheme(s)
-	_ = trainer.AddToScheme(s)
-	_ = kftraining.AddToScheme(s)
-	queue := map[string]string{mutation.LabelQueueName: "q"}
-	owners := []kruntime.Object{
-		&jobset.JobSet{ObjectMeta: metav1.ObjectMeta{Name: "js", Namespace: "ns", UID: "u-js", Labels: queue}},
-		&batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "anchor", Namespace: "ns", UID: "u-anchor", Labels: queue}},
-		&trainer.TrainJob{ObjectMeta: metav1.ObjectMeta{Name: "tj", Namespace: "ns", UID: "u-tj", Labels: queue}},
-		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "ns"}},
-	}
-	ref := func(apiVersion, kind, name, uid string, block bool) []metav1.OwnerReference {
-		return []metav1.OwnerReference{{APIVersion: apiVersion, Kind: kind, Name: name, UID: ktypes.UID(uid), Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(block)}}
-	}
-	gpu := wholeGPUPod("ns", "1").Spec
-	planned := corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{v1alpha1.AnnotationPlan: "js-plan"}}, Spec: gpu}
-	job := func(block bool) *batchv1.Job {
-		return &batchv1.Job{TypeMeta: metav1.TypeMeta{APIVersion: "batch/v1", Kind: "Job"}, ObjectMeta: metav1.ObjectMeta{Name: "js-w-0", Namespace: "ns", UID: "u-job",
-			OwnerReferences: ref("jobset.x-k8s.io/v1alpha2", "JobSet", "js", "u-js", block)}, Spec: batchv1.JobSpec{Template: planned}}
-	}
-	pt := func(block bool) *kftraining.PyTorchJob {
-		return &kftraining.PyTorchJob{TypeMeta: metav1.TypeMeta{APIVersion: "kubeflow.org/v1", Kind: "PyTorchJob"}, ObjectMeta: metav1.ObjectMeta{Name: "pt", Namespace: "ns", UID: "u-pt",
-			OwnerReferences: ref("batch/v1", "Job", "anchor", "u-anchor", block)},
-			Spec: kftraining.PyTorchJobSpec{PyTorchReplicaSpecs: map[kftraining.ReplicaType]*kftraining.ReplicaSpec{
-				kftraining.PyTorchJobReplicaTypeMaster: {Replicas: ptr.To[int32](1), Template: corev1.PodTemplateSpec{Spec: gpu}}}}}
-	}
-	js := func(block bool) *jobset.JobSet {
-		return &jobset.JobSet{TypeMeta: metav1.TypeMeta{APIVersion: "jobset.x-k8s.io/v1alpha2", Kind: "JobSet"}, ObjectMeta: metav1.ObjectMeta{Name: "tj", Namespace: "ns", UID: "u-tjs",
-			OwnerReferences: ref("trainer.kubeflow.org/v1alpha1", "TrainJob", "tj", "u-tj", block)},
-			Spec: jobset.JobSetSpec{ReplicatedJobs: []jobset.ReplicatedJob{{Name: "node", Replicas: 1, Template: batchv1.JobTemplateSpec{Spec: batchv1.JobSpec{Template: corev1.PodTemplateSpec{Spec: gpu}}}}}}}
-	}
-	cfg := mutation.Config{Kueue: mutation.KueueConfig{Frameworks: []string{"batch/job", "kubeflow.org/pytorchjob", "jobset.x-k8s.io/jobset", "trainer.kubeflow.org/trainjob"}}, JobKinds: []string{KindJobSet}}
-	m, err := mutation.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := Handlers(m, fake.NewClientBuilder().WithScheme(s).WithRuntimeObjects(owners...).Build())
+	h, children := gcFixture(t)
+	job := func(block bool) *batchv1.Job { j, _, _ := children(block, "js-plan"); return j }
+	pt := func(block bool) *kftraining.PyTorchJob { _, p, _ := children(block, "js-plan"); return p }
+	js := func(block bool) *jobset.JobSet { _, _, s := children(block, "js-plan"); return s }
 
 	// The policy admits the unblock (the premise: only the webhook differs).
 	vap, _ := readPolicy(t, "job-plan.yaml")
