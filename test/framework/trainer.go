@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
+	"time"
 )
 
 // UserTrainerController is the Kubeflow Trainer v2 controller manager's
@@ -73,4 +75,23 @@ webhook:
 	objs := e.controllerWebhooks(t, dir, "manifests/base/webhook/manifests.yaml", "trainer-", port,
 		func(string) bool { return true }, nil)
 	e.createAndWaitWebhooks(t, "trainer", port, objs)
+	// Its TrainJob controller starts its workers after its caches sync,
+	// which on loaded cores can be seconds after its webhook answers: a
+	// TrainJob Kueue admitted in between gets its JobSet made unsuspended
+	// at once, which no cluster where the Trainer has been running sees.
+	// controller-runtime says when the workers start (the Trainer has no
+	// readiness probe of its own here).
+	log := filepath.Join(e.Dir, "trainer.log")
+	e.Eventually(t, 2*time.Minute, "the Trainer's TrainJob controller running", func() (bool, string) {
+		raw, err := os.ReadFile(log)
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, line := range strings.Split(string(raw), "\n") {
+			if strings.Contains(line, `"msg":"Starting workers"`) && strings.Contains(line, `"controller":"trainjob_controller"`) {
+				return true, ""
+			}
+		}
+		return false, log + " does not say the trainjob_controller's workers started"
+	})
 }

@@ -1,6 +1,7 @@
 package jobkinds
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -11,11 +12,11 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	kueue "sigs.k8s.io/kueue/apis/kueue/v1beta2"
@@ -411,7 +412,8 @@ func testTrainJobController(t *testing.T, opts framework.Options) *controllerSui
 // the trainer asks for a GPU (it reads nothing from the API) and lets the
 // TrainJob in; the JobSet webhooks strip the variable from the JobSet the
 // real Trainer makes from it and refuse the Trainer's updates putting it
-// back (naming the template and the variable), and no pod is ever made.
+// back (naming the template and the variable), before and after Kueue's
+// admission, so the JobSet stays suspended and no pod is ever made.
 func TestTrainJobControllerTenantLDPreloadNeverReachesAPod(t *testing.T) {
 	needController(t, "jobset")
 	needController(t, "trainer")
@@ -449,29 +451,70 @@ func TestTrainJobControllerTenantLDPreloadNeverReachesAPod(t *testing.T) {
 	if err := unstructured.SetNestedSlice(evil.Object, []any{map[string]any{"name": v1alpha1.EnvLDPreload, "value": "/tmp/evil.so"}}, "spec", "trainer", "env"); err != nil {
 		t.Fatal(err)
 	}
+	// Her queue exists only once the Trainer has made the JobSet (suspended,
+	// as Kueue's webhook suspended the TrainJob): where Kueue admitted the
+	// TrainJob before the Trainer's first reconcile (its controller starts
+	// after its webhook, slowly on loaded cores), the Trainer would create
+	// the JobSet unsuspended, stripped, and never update it, and the update
+	// path under attack here would not be taken.
+	evil.GetLabels()["kueue.x-k8s.io/queue-name"] = "later"
 	if err := alice.Create(env.Ctx, evil); err != nil {
 		t.Fatalf("alice's TrainJob: %v", err)
 	}
-	// Kueue admits it (quota, a plan); the Trainer's JobSet is refused.
-	env.WaitForWorkloadOf(t, s.ns, "evil", "TrainJob", admitted)
 	logPath := filepath.Join(env.Dir, "trainer.log")
 	want := `replicatedJobs[node].template: container \"node\" sets LD_PRELOAD, which gpupack owns on GPU containers`
-	env.Eventually(t, 3*time.Minute, "the Trainer's JobSet refused by gpupack's JobSet webhook", func() (bool, string) {
-		raw, err := os.ReadFile(logPath)
-		if err != nil {
+	// refusedAfter: a refusal of the Trainer's JobSet write logged after t0.
+	refusedAfter := func(what string, t0 time.Time) {
+		t.Helper()
+		env.Eventually(t, 3*time.Minute, what, func() (bool, string) {
+			raw, err := os.ReadFile(logPath)
+			if err != nil {
+				return false, err.Error()
+			}
+			for _, line := range strings.Split(string(raw), "\n") {
+				var l struct {
+					TS    time.Time `json:"ts"`
+					Error string    `json:"error"`
+				}
+				if json.Unmarshal([]byte(line), &l) == nil && strings.Contains(l.Error, `sets LD_PRELOAD, which gpupack owns on GPU containers`) && l.TS.After(t0) {
+					return true, ""
+				}
+			}
+			return false, "trainer.log does not say " + want + " after " + t0.Format(time.RFC3339Nano)
+		})
+	}
+	env.Eventually(t, 2*time.Minute, "the Trainer's suspended JobSet evil", func() (bool, string) {
+		var js jobset.JobSet
+		if err := env.Client.Get(env.Ctx, client.ObjectKey{Namespace: s.ns, Name: "evil"}, &js); err != nil {
 			return false, err.Error()
 		}
-		return strings.Contains(string(raw), want), "trainer.log does not say " + want
+		return ptr.Deref(js.Spec.Suspend, false), "JobSet evil is not suspended"
 	})
+	refusedAfter("the Trainer's update of its suspended JobSet refused by gpupack's JobSet webhook", time.Time{})
+	// Kueue admits it (quota, a plan); the Trainer's unsuspending update
+	// puts the variable back and is refused too.
+	env.MustCreate(t, framework.MakeLocalQueue("later", s.ns, "cq"))
+	env.WaitForWorkloadOf(t, s.ns, "evil", "TrainJob", admitted)
+	env.Eventually(t, time.Minute, "alice's TrainJob unsuspended by Kueue", func() (bool, string) {
+		u := evil.DeepCopy()
+		if err := env.Client.Get(env.Ctx, client.ObjectKeyFromObject(evil), u); err != nil {
+			return false, err.Error()
+		}
+		suspended, _, _ := unstructured.NestedBool(u.Object, "spec", "suspend")
+		return !suspended, "spec.suspend is still true"
+	})
+	refusedAfter("the Trainer's unsuspending update of its JobSet refused", time.Now())
 	if n := len(s.pods(t, client.MatchingLabels{labelJobSetName: "evil"})); n != 0 {
 		t.Errorf("%d pods of alice's TrainJob exist", n)
 	}
-	// The JobSet, where its first version got in (suspended, the variable
-	// stripped by the mutating webhook), carries no LD_PRELOAD.
+	// The JobSet (its first version got in suspended, the variable stripped
+	// by the mutating webhook) is still suspended and carries no LD_PRELOAD.
 	var js jobset.JobSet
-	err = env.Client.Get(env.Ctx, client.ObjectKey{Namespace: s.ns, Name: "evil"}, &js)
-	if err != nil && !apierrors.IsNotFound(err) {
+	if err := env.Client.Get(env.Ctx, client.ObjectKey{Namespace: s.ns, Name: "evil"}, &js); err != nil {
 		t.Fatal(err)
+	}
+	if !ptr.Deref(js.Spec.Suspend, false) {
+		t.Errorf("JobSet evil was unsuspended")
 	}
 	for _, rj := range js.Spec.ReplicatedJobs {
 		for _, c := range rj.Template.Spec.Template.Spec.Containers {
