@@ -718,24 +718,26 @@ static void control(int dev, struct gp_limiter *l)
 	if (since == 0)
 		return; /* nothing to learn from the first sample */
 	double obs = admitted / ((double)win / 1e6);
-	/* Listed at 0 %: we ran, less than 1 % of the window (NVML's smUtil is
-	 * a whole percent; with n of the container's processes listed, less
-	 * than n %). That bounds what a launch costs from above: learnt from
-	 * before calibration, or where the cost learnt so far is above it, so
-	 * the rate undershoots and the next sample corrects it (a sample that
-	 * agrees with the cost learnt teaches nothing, as before). Before,
-	 * such a sample taught nothing at all, and a process whose share read
-	 * 0 kept its state for good: the duty cycle before calibration (next
-	 * to a neighbour that keeps the device's queue full, each phase waits
-	 * for the neighbour's queued work too: ~0.9 % under 30 % on the fake,
-	 * TestSMLimiterLearnsFromAShareUnderOnePercent), or a rate learnt far
-	 * too low from a window that the launch queue's lag misaligned (0.8 %
-	 * under 30 % seen once, no test). */
-	if (u <= 0 && ours_listed > 0 && obs > 0) {
-		if (l->k > 0 && (double)ours_listed / obs >= l->k)
-			return;
+	/* Listed at 0 % before calibration: we ran, less than 1 % of the
+	 * window (NVML's smUtil is a whole percent; with n of the container's
+	 * processes listed, less than n %). Two such samples while we
+	 * launched, with none showing a share of ours in between, bound what a
+	 * launch costs from above, and the limiter calibrates from that bound
+	 * (the rate undershoots; the next samples correct it). Before, such samples
+	 * taught nothing, and a process whose share read 0 stayed in the duty
+	 * cycle for good: next to a neighbour that keeps the device's queue
+	 * full, each phase waits for the neighbour's queued work too (~0.9 %
+	 * under 30 % on the fake; TestSMLimiterLearnsFromAShareUnderOnePercent).
+	 * One sample is not enough: a long kernel launched at a window's end
+	 * reads 0 % there and 100 % in the next, so a bound from that window
+	 * alone is far too low (a version that learnt from single samples,
+	 * also once calibrated, read 37.2 % for 1.2 s kernels under 30 % in
+	 * one loaded run of TestSMLimiterHoldsTheAverageWithLongKernels). Once
+	 * calibrated a 0 % sample teaches nothing, as before. */
+	if (u > 0 || l->k > 0)
+		l->zero_reads = 0;
+	else if (ours_listed > 0 && obs > 0 && ++l->zero_reads >= 2)
 		u = ours_listed;
-	}
 	if (u <= 0 || obs <= 0)
 		return; /* nothing of ours ran: nothing to learn */
 	double k = u / obs;
