@@ -147,29 +147,6 @@ func TestSMLimiterNextToAnUnlimitedNeighbour(t *testing.T) {
 	within(t, "the 30% container", got[0], 30, smBand)
 }
 
-// A share NVML reads as 0 % is still information: NVML lists only the
-// processes that ran in a window and gives whole percents, so a process
-// listed at 0 % ran less than 1 % of it. Before, such a sample taught the
-// limiter nothing, and a process that read 0 % kept its state for good:
-// here the duty cycle before calibration, which next to an unlimited
-// neighbour keeping the device's queue full waits out the neighbour's
-// queued work after every on-phase (the fake's synchronisation waits for
-// the device) and runs well under 1 % (0.1 % under 10 % without the rule;
-// at 30 % the same lock-in is a coin toss around 0.9 %, which is how
-// TestSMLimiterNextToAnUnlimitedNeighbour read 0.9 % in some runs). The
-// limited process launches empty kernels (no device time) for its first
-// second, so that none of its windows reads 1 % before the neighbour,
-// started with it, has filled the queue: without the rule it cannot leave
-// the duty cycle by the luck of one window, as it can at 30 %.
-func TestSMLimiterLearnsFromAShareUnderOnePercent(t *testing.T) {
-	e := limitedAt(10, 167, 110000)
-	e["HOOKTEST_FIRST"] = "k0:1000"
-	neighbour := env{"FAKENVML_SAMPLE_MS": "167", "FAKECUDA_PID_OFFSET": "300000"}.hooked()
-	got := shares(t, func() []float64 { return launchUtil(t, "kernel", 5, 3, e, neighbour) }, 10)
-	t.Logf("10%% next to an unlimited neighbour, empty kernels the first second: %.1f / %.1f", got[0], got[1])
-	within(t, "the 10% container", got[0], 10, smBand)
-}
-
 // Every launch API is throttled: a lone 30 % process does not take the
 // idle device (the unthrottled baseline would be ~100 %).
 func TestSMLimiterCoversEveryLaunchAPI(t *testing.T) {

@@ -441,12 +441,9 @@ static double cum_at(struct gp_limiter *l, unsigned long long us)
  * those recorded in the shared region) summed. While this process's own
  * host pid is unknown its utilisation cannot be told apart, unless the
  * sample lists a single process, not one of the container's others, while
- * we launched: then we are alone on the device and it is us. *listed_ours
- * (if not NULL): how many of the container's processes they list (NVML
- * lists only processes that ran in the window, each in whole percents, so
- * the true sum is less than that many percent above the one returned). */
+ * we launched: then we are alone on the device and it is us. */
 static double attribute(struct gp_limiter *l, nvmlProcessUtilizationSample_t *s, unsigned n,
-			unsigned long long since, unsigned long long until, double admitted, int *listed_ours)
+			unsigned long long since, unsigned long long until, double admitted)
 {
 	unsigned ours[MAX_PIDS];
 	int no = gp_region_hostpids(&gp.region, ours, MAX_PIDS - 1);
@@ -454,7 +451,7 @@ static double attribute(struct gp_limiter *l, nvmlProcessUtilizationSample_t *s,
 	if (self != 0)
 		ours[no++] = self;
 	double sum = 0;
-	unsigned listed = 0, last = 0, sib = 0, nours = 0;
+	unsigned listed = 0, last = 0, sib = 0;
 	for (unsigned i = 0; i < n; i++) {
 		if (s[i].timeStamp <= since || s[i].timeStamp > until)
 			continue;
@@ -464,19 +461,13 @@ static double attribute(struct gp_limiter *l, nvmlProcessUtilizationSample_t *s,
 			if (s[i].pid == ours[j]) {
 				sum += s[i].smUtil;
 				sib = 1;
-				nours++;
 				break;
 			}
 	}
-	if (listed_ours)
-		*listed_ours = (int)nours;
 	if (self != 0)
 		return sum;
-	if (listed == 1 && admitted > 0 && !sib) {
-		if (listed_ours)
-			*listed_ours = 1;
+	if (listed == 1 && admitted > 0 && !sib)
 		return s[last].smUtil; /* alone on the device: it is us */
-	}
 	if (listed == 0)
 		return no > 0 ? 0 : -1; /* nobody ran (a neighbour's window only) */
 	(void)l;
@@ -677,8 +668,7 @@ static void control(int dev, struct gp_limiter *l)
 	long long tm = (long long)ts - off; /* the sample's end on the monotonic ring */
 	unsigned long long end = tm > 0 ? (unsigned long long)tm : 0;
 	double admitted = cum_at(l, end) - cum_at(l, end > win ? end - win : 0);
-	int ours_listed = 0;
-	double u = attribute(l, s, n, since, until, admitted, &ours_listed);
+	double u = attribute(l, s, n, since, until, admitted);
 	if (u < 0) {
 		/* H3(b): the duty cycle paces launches until a sample can be
 		 * attributed again (gp_limiter_admit). */
@@ -702,7 +692,7 @@ static void control(int dev, struct gp_limiter *l)
 	 * NOT_FOUND polls is idle time, not missed. */
 	unsigned long long old;
 	if (claim(b, ts, rt, &old)) {
-		double uc = old == since ? u : attribute(l, s, n, old, until, admitted, NULL);
+		double uc = old == since ? u : attribute(l, s, n, old, until, admitted);
 		double charged = (double)win;
 		unsigned long long pgap = rt - prev_poll;
 		if (old == since && since != 0 && prev_poll != 0 && pgap > win + win / 2 && pgap <= gap &&
@@ -718,26 +708,6 @@ static void control(int dev, struct gp_limiter *l)
 	if (since == 0)
 		return; /* nothing to learn from the first sample */
 	double obs = admitted / ((double)win / 1e6);
-	/* Listed at 0 % before calibration: we ran, less than 1 % of the
-	 * window (NVML's smUtil is a whole percent; with n of the container's
-	 * processes listed, less than n %). Two such samples while we
-	 * launched, with none showing a share of ours in between, bound what a
-	 * launch costs from above, and the limiter calibrates from that bound
-	 * (the rate undershoots; the next samples correct it). Before, such samples
-	 * taught nothing, and a process whose share read 0 stayed in the duty
-	 * cycle for good: next to a neighbour that keeps the device's queue
-	 * full, each phase waits for the neighbour's queued work too (~0.9 %
-	 * under 30 % on the fake; TestSMLimiterLearnsFromAShareUnderOnePercent).
-	 * One sample is not enough: a long kernel launched at a window's end
-	 * reads 0 % there and 100 % in the next, so a bound from that window
-	 * alone is far too low (a version that learnt from single samples,
-	 * also once calibrated, read 37.2 % for 1.2 s kernels under 30 % in
-	 * one loaded run of TestSMLimiterHoldsTheAverageWithLongKernels). Once
-	 * calibrated a 0 % sample teaches nothing, as before. */
-	if (u > 0 || l->k > 0)
-		l->zero_reads = 0;
-	else if (ours_listed > 0 && obs > 0 && ++l->zero_reads >= 2)
-		u = ours_listed;
 	if (u <= 0 || obs <= 0)
 		return; /* nothing of ours ran: nothing to learn */
 	double k = u / obs;

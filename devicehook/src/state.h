@@ -298,7 +298,6 @@ struct gp_limiter {
 	struct gp_sm_budget local;
 	_Atomic uint64_t last_launch_ns; /* the last launch admitted (monotonic) */
 	double u_prev;        /* control thread: our utilisation in the last sample */
-	unsigned zero_reads;  /* control thread, before calibration: samples in a row listing us at 0 % while we launched */
 	unsigned long long poll_rt; /* control thread: wall clock of the last NVML poll, us */
 };
 
