@@ -672,6 +672,9 @@ static void *raw_alloc_in(int dev, uint64_t size, int low32, struct fake_pool *p
 		return NULL;
 	char *p;
 	uint64_t maplen = 0;
+#ifndef MAP_32BIT
+#define MAP_32BIT 0 /* aarch64 (the cross-built fake): no low mappings */
+#endif
 	if (size <= (1u << 20) && !low32) {
 		p = malloc(size + HDR);
 	} else {

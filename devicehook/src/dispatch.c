@@ -257,6 +257,7 @@ __attribute__((constructor)) static void gp_ctor(void)
 
 __attribute__((destructor)) static void gp_dtor(void)
 {
+	atomic_store(&gp.exited, 1);
 	if (atomic_load(&gp.ready) && gp.region.r && gp.region.pid == getpid())
 		gp_region_detach(&gp.region);
 }
@@ -1173,8 +1174,11 @@ static inline uint64_t blocks(unsigned gx, unsigned gy, unsigned gz)
 /* The fast path is the relaxed load; everything else is off the hot path. */
 #define THROTTLE(cost)                                                                 \
 	do {                                                                           \
-		if (__builtin_expect(atomic_load_explicit(&gp.sm_active, memory_order_relaxed), 0)) \
-			gp_limiter_admit(cur_dev(), (cost));                           \
+		if (__builtin_expect(atomic_load_explicit(&gp.sm_active, memory_order_relaxed), 0)) { \
+			int refused_ = gp_limiter_admit(cur_dev(), (cost));            \
+			if (refused_ != 0)                                             \
+				return (CUresult)refused_;                             \
+		}                                                              \
 	} while (0)
 
 static int h_cuLaunchKernel(fn_cuLaunchKernel real, CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,

@@ -441,17 +441,26 @@ static double cum_at(struct gp_limiter *l, unsigned long long us)
  * those recorded in the shared region) summed. While this process's own
  * host pid is unknown its utilisation cannot be told apart, unless the
  * sample lists a single process, not one of the container's others, while
- * we launched: then we are alone on the device and it is us. */
+ * we launched: then we are alone on the device and it is us.
+ *
+ * *charge is what the container's budget is charged for the samples:
+ * the same sum, but a listed process of the container read at 0 % counts
+ * 1 % (session 13 review: NVML's smUtil is a whole percent, so a process
+ * kept just under 1 % of every window was charged nothing, and m of them
+ * took about m % beyond the limit; a process is listed only for a window
+ * it ran in, so an idle one is not charged). *self is 1 when this
+ * process is listed (or is the lone process taken for us). */
 static double attribute(struct gp_limiter *l, nvmlProcessUtilizationSample_t *s, unsigned n,
-			unsigned long long since, unsigned long long until, double admitted)
+			unsigned long long since, unsigned long long until, double admitted, double *charge, int *self_in)
 {
 	unsigned ours[MAX_PIDS];
 	int no = gp_region_hostpids(&gp.region, ours, MAX_PIDS - 1);
 	unsigned self = atomic_load(&gp.host_pid);
 	if (self != 0)
 		ours[no++] = self;
-	double sum = 0;
+	double sum = 0, ch = 0;
 	unsigned listed = 0, last = 0, sib = 0;
+	*self_in = 0;
 	for (unsigned i = 0; i < n; i++) {
 		if (s[i].timeStamp <= since || s[i].timeStamp > until)
 			continue;
@@ -460,14 +469,21 @@ static double attribute(struct gp_limiter *l, nvmlProcessUtilizationSample_t *s,
 		for (int j = 0; j < no; j++)
 			if (s[i].pid == ours[j]) {
 				sum += s[i].smUtil;
+				ch += s[i].smUtil > 0 ? s[i].smUtil : 1;
 				sib = 1;
+				if (self != 0 && s[i].pid == self)
+					*self_in = 1;
 				break;
 			}
 	}
+	*charge = ch;
 	if (self != 0)
 		return sum;
-	if (listed == 1 && admitted > 0 && !sib)
+	if (listed == 1 && admitted > 0 && !sib) {
+		*self_in = 1;
+		*charge = s[last].smUtil > 0 ? s[last].smUtil : 1;
 		return s[last].smUtil; /* alone on the device: it is us */
+	}
 	if (listed == 0)
 		return no > 0 ? 0 : -1; /* nobody ran (a neighbour's window only) */
 	(void)l;
@@ -574,6 +590,49 @@ static void covered(int dev, struct gp_limiter *l, uint64_t end_ns, int listed, 
 		gp_region_sm_from(&gp.region, i, 0, 0);
 }
 
+/* Session 13: NVML lists this process at 0 % for a window in which it
+ * launched `obs` cost units a second: it ran under 1 % (smUtil is a whole
+ * percent), so a unit costs under 1/obs percent-seconds, and the rate
+ * target * obs gives under the target. Before, a 0 % sample taught the
+ * limiter nothing: next to a busy neighbour a process in the fail-closed
+ * duty cycle (whose synchronisation also waits out the neighbour's queued
+ * work) ran under 1 % and never calibrated (0.12 % under a 10 % limit,
+ * 0.03 % under 5 %), and a calibrated process whose kernels became lighter
+ * kept a rate too low for them. The bound calibrates an uncalibrated
+ * process and raises the rate wherever it is above it; it is a lower
+ * bound on the right rate, so it is marked, and while it stands each 0 %
+ * sample in which the rate held us back raises it again (by target, at
+ * least twice: a light start that calibrated from a few launches grows as
+ * soon as its demand does, rather than keep its rate for good, which is
+ * what the rule first tried did: 0.20 % under 10 %). The first real
+ * reading replaces it. The floor is set from real readings only; the
+ * container's budget, charged from NVML (a 0 % process at 1 %), bounds
+ * what any rate can take. */
+static void learn_bound(int dev, struct gp_limiter *l, double obs, int held)
+{
+	double kb = 1.0 / obs;
+	pthread_mutex_lock(&l->mu);
+	double r = (double)l->target * obs;
+	if (held && r < 2 * obs)
+		r = 2 * obs;
+	if (l->rate > 0 && !(held && l->k_bound) && r <= l->rate) {
+		pthread_mutex_unlock(&l->mu);
+		return; /* the bound is below what we have: nothing new */
+	}
+	if (l->rate > 0 && held && l->k_bound && r < 2 * l->rate)
+		r = 2 * l->rate;
+	if (r < l->floor)
+		r = l->floor;
+	if (l->rate <= 0)
+		l->tokens = 0;
+	l->rate = r;
+	l->k = (double)l->target / r;
+	l->k_bound = 1;
+	pthread_mutex_unlock(&l->mu);
+	gp_log(GP_LOG_DEBUG, "limiter dev %d: read 0 %% at %.0f/s admitted (held %d): a unit costs under %.3g; rate %.0f",
+	       dev, obs, held, kb, r);
+}
+
 /* Issue 15 L3: the ring is kept in monotonic time, and NVML's stamps (wall
  * clock, CPU microseconds) are moved onto it with the offset between the
  * clocks read at the same tick. Before, the ring was in wall-clock time:
@@ -668,7 +727,9 @@ static void control(int dev, struct gp_limiter *l)
 	long long tm = (long long)ts - off; /* the sample's end on the monotonic ring */
 	unsigned long long end = tm > 0 ? (unsigned long long)tm : 0;
 	double admitted = cum_at(l, end) - cum_at(l, end > win ? end - win : 0);
-	double u = attribute(l, s, n, since, until, admitted);
+	double ucharge;
+	int self_in;
+	double u = attribute(l, s, n, since, until, admitted, &ucharge, &self_in);
 	if (u < 0) {
 		/* H3(b): the duty cycle paces launches until a sample can be
 		 * attributed again (gp_limiter_admit). */
@@ -692,7 +753,10 @@ static void control(int dev, struct gp_limiter *l)
 	 * NOT_FOUND polls is idle time, not missed. */
 	unsigned long long old;
 	if (claim(b, ts, rt, &old)) {
-		double uc = old == since ? u : attribute(l, s, n, old, until, admitted);
+		double uc = ucharge;
+		int ign;
+		if (old != since && attribute(l, s, n, old, until, admitted, &uc, &ign) < 0)
+			uc = ucharge;
 		double charged = (double)win;
 		unsigned long long pgap = rt - prev_poll;
 		if (old == since && since != 0 && prev_poll != 0 && pgap > win + win / 2 && pgap <= gap &&
@@ -705,17 +769,26 @@ static void control(int dev, struct gp_limiter *l)
 		}
 	}
 	l->u_prev = u;
+	int held = atomic_exchange_explicit(&l->waited, 0, memory_order_relaxed);
 	if (since == 0)
 		return; /* nothing to learn from the first sample */
 	double obs = admitted / ((double)win / 1e6);
-	if (u <= 0 || obs <= 0)
+	if (obs <= 0)
 		return; /* nothing of ours ran: nothing to learn */
+	if (u <= 0) {
+		if (self_in)
+			learn_bound(dev, l, obs, held);
+		return;
+	}
 	double k = u / obs;
-	l->k = l->k > 0 ? sqrt(l->k * k) : k; /* geometric smoothing */
+	/* A cost learnt from a bound (below) is replaced by the first real
+	 * reading, not averaged with it. */
+	l->k = l->k > 0 && !l->k_bound ? sqrt(l->k * k) : k;
+	l->k_bound = 0;
 	double r = (double)l->target / l->k;
 	pthread_mutex_lock(&l->mu);
 	if (l->floor == 0)
-		l->floor = r / 4;
+		l->floor = r / 4; /* from a real reading only */
 	if (r < l->floor)
 		r = l->floor;
 	if (l->rate <= 0)
@@ -885,6 +958,32 @@ static void sync_device(int dev)
 	}
 }
 
+/* Hook15 review M3: with no trusted NVML nothing charged the container's
+ * budget, and the duty cycle's phase is per process, so a container that
+ * ran each kernel in a fresh process was never held (54-65 % under 30 %:
+ * each process's first phase passes). Now the duty cycle pays into the
+ * container's budget what it can bound: each phase ends with every launch
+ * of it run (sync_device, no launch of the process passes meanwhile), so
+ * the device ran our work for at most the phase's wall time, which is
+ * charged, and nothing of ours is left unreported (the slot's span is
+ * cleared). What a process runs after its last phase (one kernel, then
+ * exit or SIGKILL) stays in its slot's span, charged at 100 % when the
+ * slot is zeroed (region.c settle_tail), before the container's next
+ * process launches (start_control reclaims the dead). The budget accrues
+ * at every launch in this mode (there is no control thread), and no
+ * launch passes while it is negative (govern_locked). A lone process
+ * pays its phases exactly what they accrue; several at once are charged
+ * each its own phases (the sum of their phases bounds the device time the
+ * container used), so together they get at most the target, less when
+ * their phases overlap: conservative, like the mode. */
+static void duty_charge(struct gp_limiter *l, uint64_t busy_ns)
+{
+	int dev = (int)(l - gp.lim);
+	struct gp_sm_budget *b = budget_of(dev, l);
+	atomic_fetch_sub(&b->credit_ns, (int64_t)(busy_ns > (uint64_t)INT64_MAX ? INT64_MAX : busy_ns));
+	gp_region_sm_from(&gp.region, gp_dev_index(dev), 0, 0);
+}
+
 static void duty_locked(struct gp_limiter *l)
 {
 	uint64_t on_ns = (uint64_t)gp.cfg.sm_period_ms * 1000000ull * (uint64_t)l->target / 100;
@@ -914,15 +1013,11 @@ static void duty_locked(struct gp_limiter *l)
 		pthread_mutex_lock(&l->mu);
 		l->off_until = t + (t - start) / (uint64_t)l->target * (uint64_t)(100 - l->target);
 		l->on_start = 0;
+		if (l->duty)
+			duty_charge(l, t - start);
 	}
 }
 
-static void duty_admit(struct gp_limiter *l)
-{
-	pthread_mutex_lock(&l->mu);
-	duty_locked(l);
-	pthread_mutex_unlock(&l->mu);
-}
 
 /* H1/H2: no launch passes while the budget is negative (what NVML says
  * the container ran is more than target % of the time). Called with mu
@@ -932,34 +1027,67 @@ static void govern_locked(int dev, struct gp_limiter *l)
 {
 	struct gp_sm_budget *b = budget_of(dev, l);
 	int64_t c;
+	if (l->duty)
+		accrue(l, b); /* no control thread in this mode (M3) */
 	while ((c = atomic_load_explicit(&b->credit_ns, memory_order_relaxed)) < 0) {
 		double wait = -(double)c * 100.0 / (double)l->target + 1000;
 		if (wait > 2e6)
 			wait = 2e6;
-		atomic_store_explicit(&l->waited, 1, memory_order_relaxed);
 		pthread_mutex_unlock(&l->mu);
 		struct timespec ts = {0, (long)wait};
 		nanosleep(&ts, NULL);
 		pthread_mutex_lock(&l->mu);
+		if (l->duty)
+			accrue(l, b);
 	}
 }
 
-void gp_limiter_admit(int dev, uint64_t cost)
+/* Session 14 (the hook15 review's PoC "slots full"): a process of a
+ * container with a shared accounting file that has no slot in it (1024
+ * processes of the container hold every slot, or the file could not be
+ * used) was limited per process: no slot records its host pid (the
+ * others never count its utilisation) or its unreported span (never
+ * charged), so a tenant that parked 1024 idle processes ran every later
+ * one outside the container's SM budget. Its memory is already refused
+ * (dispatch.c: the region fails closed); under an SM limit its launches
+ * are now refused too (CUDA_ERROR_NOT_PERMITTED, one ERROR line), for the
+ * process's life, like its memory. Without a shared file (the
+ * environment's contract with no CUDA_DEVICE_MEMORY_SHARED_CACHE) the
+ * accounting is per process by configuration and nothing changes. */
+static int sm_slotless(int dev)
+{
+	if (gp.cfg.shared_cache[0] == 0 || (gp.region.r != NULL && gp.region.slot >= 0) || atomic_load(&gp.exited))
+		return 0; /* no shared file, a slot, or detached at exit */
+	static _Atomic int said;
+	if (!atomic_exchange(&said, 1))
+		gp_log(GP_LOG_ERROR, "SM limit of %d %% on device %d but this process has no slot in the shared "
+		       "accounting file %s (full, or unusable: logged above): its launches are refused, as its GPU "
+		       "memory is", gp.lim[dev].target, dev, gp.cfg.shared_cache);
+	return 1;
+}
+
+int gp_limiter_admit(int dev, uint64_t cost)
 {
 	if (dev < 0 || dev >= GP_MAX_DEV)
-		return;
+		return 0;
 	struct gp_limiter *l = &gp.lim[dev];
 	if (l->target == 0)
-		return;
+		return 0;
 	if (!atomic_load_explicit(&gp.limiter_started, memory_order_acquire)) {
 		start_control();
 		if (l->target == 0)
-			return; /* MIG: start_control turned it off */
+			return 0; /* MIG: start_control turned it off */
 	}
+	if (__builtin_expect(gp.region.slot < 0, 0) && sm_slotless(dev))
+		return CUDA_ERROR_NOT_PERMITTED;
 	if (l->duty) {
-		duty_admit(l);
+		pthread_mutex_lock(&l->mu);
+		govern_locked(dev, l);
+		duty_locked(l);
+		pthread_mutex_unlock(&l->mu);
+		note_launch(dev, l);
 		atomic_fetch_add_explicit(&l->launched, cost ? cost : 1, memory_order_relaxed);
-		return;
+		return 0;
 	}
 	if (__builtin_expect(atomic_load_explicit(&gp.host_ncands, memory_order_relaxed) > 1, 0) &&
 	    atomic_load(&gp.host_pid) == 0)
@@ -969,7 +1097,7 @@ void gp_limiter_admit(int dev, uint64_t cost)
 	pthread_mutex_lock(&l->mu);
 	if (l->target == 0) { /* MIG, found by another thread's start_control */
 		pthread_mutex_unlock(&l->mu);
-		return;
+		return 0;
 	}
 	govern_locked(dev, l);
 	/* H3(b): fail closed. Until the first calibration, and while this
@@ -988,7 +1116,7 @@ void gp_limiter_admit(int dev, uint64_t cost)
 		pthread_mutex_unlock(&l->mu);
 		note_launch(dev, l);
 		atomic_fetch_add_explicit(&l->launched, cost, memory_order_relaxed);
-		return;
+		return 0;
 	}
 	l->in_duty = 0;
 	for (;;) {
@@ -1017,4 +1145,5 @@ void gp_limiter_admit(int dev, uint64_t cost)
 	pthread_mutex_unlock(&l->mu);
 	note_launch(dev, l);
 	atomic_fetch_add_explicit(&l->launched, cost, memory_order_relaxed);
+	return 0;
 }

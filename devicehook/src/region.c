@@ -212,7 +212,8 @@ static int proc_hides(struct gp_self *me)
 }
 
 /* 1 if the process that owns slot s (owner word o) is gone, as far as
- * this process can tell (I6, I9). */
+ * this process can tell (I6, I9); 0 if it lives; -1 if this process
+ * cannot tell (its pids or its /proc mean nothing here). */
 static int owner_dead(struct gp_slot *s, uint64_t o, struct gp_self *me)
 {
 	pid_t pid = GP_WORD_PID(o);
@@ -234,7 +235,7 @@ static int owner_dead(struct gp_slot *s, uint64_t o, struct gp_self *me)
 		else if (me->proc_pid == (uint64_t)me->pid)
 			now = proc_start((uint64_t)pid, &gone); /* /proc numbers as we do */
 		else
-			return 0;
+			return -1;
 		/* kill() found it: a zombie is dead; no /proc entry proves nothing
 		 * (hidepid, or it exits right now). Another start time: the pid was
 		 * recycled. */
@@ -242,7 +243,7 @@ static int owner_dead(struct gp_slot *s, uint64_t o, struct gp_self *me)
 	}
 	/* Another pid namespace: its pids mean nothing here. */
 	if (!same_proc)
-		return 0; /* cannot tell: keep it */
+		return -1; /* cannot tell: keep it */
 	int gone = 0;
 	uint64_t now = proc_start(ppid, &gone);
 	if (gone == GONE_NOENT)
@@ -406,6 +407,37 @@ static void settle_tail(struct gp_region *r, struct gp_slot *s, unsigned period_
 	atomic_store(&t->alive_ns, 0);
 }
 
+/* Hook15 review L/M4: a slot whose owner's liveness this process cannot
+ * judge (the owner in a pid namespace of its own with its own /proc) was
+ * kept, and the span it may have run unreported was never charged: a
+ * process of such a namespace that launched and was SIGKILLed ran free.
+ * Its control thread marks the slot alive every period (and every launch
+ * does); when that mark is older than STALE_NS while a span is open, the
+ * owner is dead or stopped (a stopped one's kernels still ran), and the
+ * span is charged as a reclaimer would (settle_tail: up to its last mark,
+ * at least one NVML cadence plus a period after the span's start) and
+ * cleared. The slot itself, and its memory, stay until the owner can be
+ * judged (its own namespace's processes judge it). A live owner whose
+ * span was settled opens a new one at its next launch; one that did not
+ * tick for that long (a stall, a long off phase of the duty cycle, which
+ * marks only at launches) is charged early, never late. */
+#define STALE_NS 500000000ull
+static void settle_stale_tail(struct gp_region_handle *h, struct gp_slot *s)
+{
+	struct gp_sm_tail *t = &h->r->tail[s - h->r->slots];
+	uint64_t alive = atomic_load(&t->alive_ns), now = gp_now_ns();
+	if (alive == 0 || now < alive + STALE_NS + (uint64_t)h->sm_period_ms * 2000000ull)
+		return;
+	int open = 0;
+	for (int d = 0; d < GP_MAX_DEV && !open; d++)
+		open = atomic_load(&t->from_ns[d]) != 0;
+	if (!open)
+		return;
+	gp_log(GP_LOG_DEBUG, "slot %d (owner in another pid namespace) has not been marked alive for %.1f s: "
+	       "its unreported span is charged", (int)(s - h->r->slots), (double)(now - alive) / 1e9);
+	settle_tail(h->r, s, h->sm_period_ms);
+}
+
 static void zero_slot(struct gp_region_handle *h, struct gp_slot *s)
 {
 	if (h->sm)
@@ -428,7 +460,10 @@ static int try_reclaim(struct gp_region_handle *h, int i, struct gp_self *me)
 	uint64_t o = atomic_load(&s->owner);
 	if (o == 0 || (o & ~GP_RECLAIM) == me->word)
 		return 0;
-	if (!owner_dead(s, o, me))
+	int dead = owner_dead(s, o, me);
+	if (dead < 0 && h->sm)
+		settle_stale_tail(h, s);
+	if (dead <= 0)
 		return 0;
 	if (!atomic_compare_exchange_strong(&s->owner, &o, GP_RECLAIM | me->word))
 		return 0;

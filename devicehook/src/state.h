@@ -263,7 +263,7 @@ struct gp_limiter {
 	double tokens;
 	uint64_t last_ns;
 	_Atomic uint64_t launched; /* cost admitted since start (cumulative) */
-	_Atomic int waited;        /* a launch waited since the last tick */
+	_Atomic int waited;        /* the rate held a launch back since the last sample */
 	/* Control thread only: */
 	unsigned long long last_sample_us; /* newest NVML sample seen (wall clock, NVML's stamp) */
 	long long clock_off;               /* wall clock - monotonic at the last tick, us */
@@ -272,6 +272,7 @@ struct gp_limiter {
 	unsigned long long gaps[8];        /* the last gaps between sample stamps */
 	int ngaps;
 	double k;                          /* util percent per cost/s; 0 = unknown */
+	int k_bound;                       /* k is an upper bound from a 0 % sample (limiter.c learn_bound) */
 	double floor;                      /* the rate is never set below this */
 	int ring_n, ring_i;                /* (monotonic time, cumulative cost) per tick */
 	struct {
@@ -302,7 +303,8 @@ struct gp_limiter {
 };
 
 void gp_limiter_setup(void);
-void gp_limiter_admit(int dev, uint64_t cost);
+/* 0, or CUDA_ERROR_NOT_PERMITTED: the launch is refused (limiter.c). */
+int gp_limiter_admit(int dev, uint64_t cost);
 /* The contexts this process holds per device, for the duty cycle's
  * synchronisation (review 15: it waited for the current context only). */
 #define GP_MAX_CTX 64
@@ -437,6 +439,7 @@ struct gp_state {
 	pthread_once_t nvml_once;
 	pthread_t limiter_thread;
 	_Atomic int limiter_started;
+	_Atomic int exited; /* the destructor ran (the region is detached) */
 };
 
 extern struct gp_state gp;

@@ -932,6 +932,11 @@ static int cmd_launch(const char *api, double secs, double warm)
 		A.p_cuModuleGetFunction(&ph[nph].f, m, tok);
 		ph[nph++].ns = strtoull(colon + 1, NULL, 10) * 1000000ull;
 	}
+	/* HOOKTEST_GAP_US: a pause after every launch (a light user: a
+	 * server between requests); HOOKTEST_FIRST_GAP_US: only during
+	 * HOOKTEST_FIRST's phase (a light start, then full demand). */
+	const char *gv = getenv("HOOKTEST_GAP_US"), *fgv = getenv("HOOKTEST_FIRST_GAP_US");
+	uint64_t gap_ns = gv ? strtoull(gv, NULL, 10) * 1000ull : 0, first_gap_ns = fgv ? strtoull(fgv, NULL, 10) * 1000ull : 0;
 	int cyc0 = has_first ? 1 : 0; /* the first phase that repeats */
 	uint64_t cyc_ns = 0;
 	for (int i = cyc0; i < nph; i++)
@@ -978,6 +983,11 @@ static int cmd_launch(const char *api, double secs, double warm)
 		if (rc)
 			die("launch", rc);
 		n++;
+		uint64_t g = has_first && t - t0 < ph[0].ns && first_gap_ns ? first_gap_ns : gap_ns;
+		if (g) {
+			struct timespec ts = {(time_t)(g / 1000000000ull), (long)(g % 1000000000ull)};
+			nanosleep(&ts, NULL);
+		}
 	}
 	uint64_t t1 = now_ns();
 	double util = 100.0 * (double)(my_busy() - bw) / (double)(t1 - tws);
